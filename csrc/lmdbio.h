@@ -1,0 +1,171 @@
+/* lmdbio C core: parse LMDB 0.9.x data files from explicit reads.
+ *
+ * Layering (design.md): the core never calls Python and never knows where
+ * bytes come from.  It asks a lio_source for byte ranges and parses the
+ * buffers it gets.  io_posix.c provides a pread/O_DIRECT source.
+ *
+ * Error convention: functions return 0 on success, LIO_NOTFOUND when a key
+ * or position does not exist, or a negative LIO_* code on failure, with the
+ * details (page number, problem) written into a lio_error.
+ */
+#ifndef LMDBIO_H
+#define LMDBIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Return codes: liblmdb's numbers where liblmdb has the same condition. */
+#define LIO_SUCCESS 0
+#define LIO_RETRY 1                  /* internal: meta changed, try again */
+#define LIO_NOTFOUND (-30798)        /* MDB_NOTFOUND */
+#define LIO_PAGE_NOTFOUND (-30797)   /* MDB_PAGE_NOTFOUND */
+#define LIO_CORRUPTED (-30796)       /* MDB_CORRUPTED */
+#define LIO_VERSION_MISMATCH (-30794)/* MDB_VERSION_MISMATCH */
+#define LIO_INVALID (-30793)         /* MDB_INVALID: not an LMDB file */
+#define LIO_INCOMPATIBLE (-30784)    /* MDB_INCOMPATIBLE */
+#define LIO_BAD_VALSIZE (-30781)     /* MDB_BAD_VALSIZE */
+#define LIO_EINVAL (-22)             /* bad argument (e.g. op needs DUPSORT) */
+#define LIO_ENOMEM (-12)
+#define LIO_SYSERR (-1)              /* I/O error: lio_error.sys_errno says */
+
+#define LIO_MAX_KEY_SIZE 511
+#define LIO_MAX_DEPTH 32             /* deeper trees are corrupt */
+
+/* Persistent database flags (MDB_db.md_flags). */
+#define LIO_REVERSEKEY 0x02
+#define LIO_DUPSORT 0x04
+#define LIO_INTEGERKEY 0x08
+#define LIO_DUPFIXED 0x10
+#define LIO_INTEGERDUP 0x20
+#define LIO_REVERSEDUP 0x40
+#define LIO_PERSISTENT_FLAGS 0x7e
+
+#define LIO_EMPTY_ROOT UINT64_MAX
+
+typedef struct lio_error {
+    int code;            /* one of LIO_* (negative) */
+    int sys_errno;       /* errno for LIO_SYSERR, else 0 */
+    uint64_t pgno;       /* page the problem is on, UINT64_MAX if none */
+    char msg[256];       /* human-readable, names the page and the problem */
+} lio_error;
+
+/* A byte string: key or value.  Pointers returned by the core stay valid
+ * until the next operation on the cursor that returned them. */
+typedef struct lio_val {
+    const uint8_t *data;
+    size_t size;
+} lio_val;
+
+/* Where bytes come from. */
+typedef struct lio_source {
+    void *ctx;
+    /* Read up to len bytes at off into buf.  Returns bytes read (< len only
+     * at end of file) or a negative errno.  buf and off are multiples of
+     * `align`. */
+    int64_t (*read)(void *ctx, uint64_t off, void *buf, size_t len);
+    /* Current size of the file in bytes, or a negative errno. */
+    int64_t (*size)(void *ctx);
+    size_t align;        /* 1, or the O_DIRECT alignment */
+} lio_source;
+
+/* One B+tree's record (MDB_db, 48 bytes on disk). */
+typedef struct lio_dbrec {
+    uint32_t pad;
+    uint16_t flags;
+    uint16_t depth;
+    uint64_t branch_pages;
+    uint64_t leaf_pages;
+    uint64_t overflow_pages;
+    uint64_t entries;
+    uint64_t root;
+} lio_dbrec;
+
+/* One meta page: a snapshot of the environment. */
+typedef struct lio_meta {
+    uint32_t psize;
+    uint32_t env_flags;      /* mm_dbs[0].md_flags (free DB + env flags) */
+    uint64_t mapsize;
+    uint64_t last_pg;
+    uint64_t txnid;
+    lio_dbrec free_db;       /* FREE_DBI */
+    lio_dbrec main_db;       /* MAIN_DBI */
+} lio_meta;
+
+typedef struct lio_env lio_env;
+typedef struct lio_cursor lio_cursor;
+
+/* ---- environment ---------------------------------------------------- */
+
+/* Validate both meta pages and set up a bounded page cache.
+ * cache_bytes: LRU budget (pages pinned by open cursors may exceed it).
+ * readahead_bytes: a cache miss on a tree page reads this aligned block
+ * (0 = one page at a time).  The source must outlive the env. */
+int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
+                 size_t readahead_bytes, lio_error *err);
+void lio_env_close(lio_env *env);
+uint32_t lio_env_psize(const lio_env *env);
+
+/* Re-read both meta pages (uncached) and return them; index 0 and 1. */
+int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err);
+
+/* The snapshot to read: txnid 0 = the newest committed one; otherwise the
+ * meta page (txnid & 1), which must carry exactly that txnid (else
+ * LIO_RETRY: a writer moved on; the lock layer re-reads its txnid). */
+int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
+                     lio_error *err);
+
+/* Look up a named database in the main DB of `snap`.
+ * LIO_NOTFOUND if absent; LIO_INCOMPATIBLE if the key exists but is not a
+ * named database (as liblmdb's mdb_dbi_open). */
+int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
+                 size_t len, lio_dbrec *out, lio_error *err);
+
+/* Validate a database record's flags (main DB or a named DB). */
+int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err);
+
+/* ---- cursors -------------------------------------------------------- */
+
+/* Same numbering as liblmdb's MDB_cursor_op. */
+typedef enum lio_cursor_op {
+    LIO_FIRST, LIO_FIRST_DUP, LIO_GET_BOTH, LIO_GET_BOTH_RANGE,
+    LIO_GET_CURRENT, LIO_GET_MULTIPLE, LIO_LAST, LIO_LAST_DUP, LIO_NEXT,
+    LIO_NEXT_DUP, LIO_NEXT_MULTIPLE, LIO_NEXT_NODUP, LIO_PREV, LIO_PREV_DUP,
+    LIO_PREV_NODUP, LIO_SET, LIO_SET_KEY, LIO_SET_RANGE, LIO_PREV_MULTIPLE
+} lio_cursor_op;
+
+/* A cursor over one tree of snapshot `snap` (copied).  Pass
+ * &snap->free_db to walk the free-page DB. */
+int lio_cursor_open(lio_cursor **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, lio_error *err);
+void lio_cursor_close(lio_cursor *c);
+
+/* liblmdb's mdb_cursor_get semantics, state machine included (C_EOF etc.),
+ * so that py-lmdb's cursor behaviour follows.  `key`/`data` are inputs for
+ * SET*, GET_BOTH* and outputs always.  Errors: lio_cursor_error(c). */
+int lio_cursor_get(lio_cursor *c, lio_val *key, lio_val *data,
+                   lio_cursor_op op);
+/* Number of duplicates of the current key (1 without DUPSORT). */
+int lio_cursor_count(lio_cursor *c, uint64_t *count);
+const lio_error *lio_cursor_error(const lio_cursor *c);
+
+/* mdb_get: a SET on cursor c (reused as scratch). */
+int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
+
+/* ---- posix source (io_posix.c) --------------------------------------- */
+
+typedef struct lio_posix lio_posix;
+/* Open a data file read-only.  direct: O_DIRECT with aligned buffers, an
+ * error naming the path where the filesystem refuses it. */
+int lio_posix_open(lio_posix **out, const char *path, int direct,
+                   lio_error *err);
+void lio_posix_get_source(lio_posix *p, lio_source *src);
+void lio_posix_close(lio_posix *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
