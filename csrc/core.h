@@ -1,0 +1,112 @@
+/* Internal definitions shared by the core's translation units.  Not part of
+ * the public interface (lmdbio.h). */
+#ifndef LMDBIO_CORE_H
+#define LMDBIO_CORE_H
+
+#include <pthread.h>
+#include <string.h>
+
+#include "lmdbio.h"
+
+/* ---- on-disk layout (lmdb-format.md) ---------------------------------- */
+#define PAGEHDRSZ 16
+#define NODEHDRSZ 8
+#define DBREC_SIZE 48
+
+#define P_BRANCH 0x01
+#define P_LEAF 0x02
+#define P_OVERFLOW 0x04
+#define P_META 0x08
+#define P_DIRTY 0x10
+#define P_LEAF2 0x20
+#define P_SUBP 0x40
+
+#define F_BIGDATA 0x01
+#define F_SUBDATA 0x02
+#define F_DUPDATA 0x04
+
+#define LMDB_MAGIC 0xBEEFC0DEu
+#define LMDB_DATA_VERSION 1u
+#define META_TXNID_OFF 144
+#define META_END 152 /* bytes of a meta page that hold the meta struct */
+
+/* Little-endian loads from possibly unaligned bytes. */
+static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* Page header fields. */
+static inline uint64_t pg_pgno(const uint8_t *p) { return ld64(p); }
+static inline uint16_t pg_pad(const uint8_t *p) { return ld16(p + 8); }
+static inline uint16_t pg_flags(const uint8_t *p) { return ld16(p + 10); }
+static inline uint16_t pg_lower(const uint8_t *p) { return ld16(p + 12); }
+static inline uint16_t pg_upper(const uint8_t *p) { return ld16(p + 14); }
+static inline uint32_t pg_ovpages(const uint8_t *p) { return ld32(p + 12); }
+static inline unsigned pg_numkeys(const uint8_t *p) { return (pg_lower(p) - PAGEHDRSZ) >> 1; }
+static inline const uint8_t *pg_node(const uint8_t *p, unsigned i) {
+    return p + ld16(p + PAGEHDRSZ + 2 * i);
+}
+
+/* Node fields. */
+static inline uint32_t nd_dsize(const uint8_t *n) { return (uint32_t)ld16(n) | ((uint32_t)ld16(n + 2) << 16); }
+static inline uint64_t nd_child(const uint8_t *n) {
+    return (uint64_t)ld16(n) | ((uint64_t)ld16(n + 2) << 16) | ((uint64_t)ld16(n + 4) << 32);
+}
+static inline uint16_t nd_flags(const uint8_t *n) { return ld16(n + 4); }
+static inline uint16_t nd_ksize(const uint8_t *n) { return ld16(n + 6); }
+static inline const uint8_t *nd_key(const uint8_t *n) { return n + NODEHDRSZ; }
+static inline const uint8_t *nd_data(const uint8_t *n) { return n + NODEHDRSZ + nd_ksize(n); }
+
+void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db);
+
+/* ---- errors ------------------------------------------------------------ */
+int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int lio_fail_sys(lio_error *err, int sys_errno, uint64_t off, const char *what);
+#define LIO_NO_PAGE UINT64_MAX
+
+/* ---- page cache (pager.c) ---------------------------------------------- */
+typedef struct lio_page {
+    uint64_t pgno;
+    uint64_t txnid;          /* snapshot the page was read for */
+    struct lio_page *hnext;  /* hash chain */
+    struct lio_page *prev, *next; /* LRU list (unpinned pages only) */
+    unsigned pins;
+    int checked;             /* passed lio_check_page() */
+    uint8_t *data;           /* psize bytes, aligned */
+} lio_page;
+
+struct lio_env {
+    lio_source src;
+    uint32_t psize;
+    size_t align;            /* read alignment: max(src.align, 1) */
+    uint64_t file_size;      /* refreshed when a read would pass it */
+    pthread_mutex_t lock;    /* guards the cache and file_size */
+    lio_page **table;
+    size_t table_size;
+    size_t npages, max_pages;
+    lio_page lru;            /* sentinel: lru.next is the least recent */
+    size_t readahead_pages;
+};
+
+/* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
+ * readahead: a miss reads the surrounding aligned block (sequential scans). */
+int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
+                 int readahead, lio_page **out, lio_error *err);
+void lio_page_unpin(lio_env *env, lio_page *pg);
+
+/* Read len bytes at file offset off into a buffer that the caller frees
+ * with free(); *data points at the first wanted byte.  Fails (without
+ * allocating) when the range passes the end of the file. */
+int lio_read_range(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
+                   const uint8_t **data, uint64_t pgno, lio_error *err);
+/* Like lio_read_range into a caller-kept growing buffer (reused). */
+int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
+                  size_t *cap, const uint8_t **data, uint64_t pgno,
+                  lio_error *err);
+
+/* Structural checks of a branch/leaf page that need no tree context. */
+int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
+                   lio_error *err);
+
+#endif

@@ -1,0 +1,1061 @@
+/* Cursors over a B+tree, with liblmdb's positioning semantics.
+ *
+ * py-lmdb's answers depend on liblmdb's cursor state (C_INITIALIZED, C_EOF,
+ * the key index left behind by a failed search, the dup sub-cursor), so the
+ * state machine here follows mdb_cursor_get's documented behaviour step by
+ * step.  Unlike liblmdb, every page is validated before use, every index is
+ * checked against its page, and a descent deeper than the tree's recorded
+ * depth is corruption, so a hostile file cannot make a walk loop. */
+#include <stdlib.h>
+
+#include "core.h"
+
+#define C_INITIALIZED 0x01
+#define C_EOF 0x02
+
+enum { CMP_MEMN, CMP_MEMNR, CMP_INT };
+
+typedef struct tcursor {
+    struct lio_cursor *cur;
+    struct tcursor *x;           /* dup sub-cursor, NULL if none */
+    lio_dbrec db;
+    int cmp;
+    int flags;
+    int subpage;                 /* root is a sub-page inside a leaf */
+    unsigned snum, top;
+    lio_page *pin[LIO_MAX_DEPTH];/* pinned cache page per level (lazy unpin) */
+    const uint8_t *pg[LIO_MAX_DEPTH];
+    uint64_t pgno[LIO_MAX_DEPTH];
+    uint32_t pgsize[LIO_MAX_DEPTH];
+    unsigned ki[LIO_MAX_DEPTH];
+} tcursor;
+
+struct lio_cursor {
+    lio_env *env;
+    lio_meta snap;
+    tcursor mc, mx;
+    int dcmp;
+    lio_error err;
+    uint8_t *ovbuf;              /* the last overflow value read */
+    size_t ovcap;
+    uint64_t ov_pgno;            /* its first page, or 0 */
+    const uint8_t *ov_data;
+};
+
+static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
+{
+    return lio_fail(&c->cur->err, code, pgno, "page %llu: %s",
+                    (unsigned long long)pgno, what);
+}
+
+/* ---- comparison ---------------------------------------------------------- */
+
+static int cmp_vals(int kind, const lio_val *a, const lio_val *b)
+{
+    size_t n;
+    int d;
+    switch (kind) {
+    case CMP_INT: {
+        /* Native unsigned integers compared by value (liblmdb compares
+         * a->size bytes of both, most significant first). */
+        size_t i = a->size;
+        while (i-- > 0) {
+            unsigned ab = a->data[i], bb = i < b->size ? b->data[i] : 0;
+            if (ab != bb)
+                return ab < bb ? -1 : 1;
+        }
+        return 0;
+    }
+    case CMP_MEMNR: {
+        const uint8_t *pa = a->data + a->size, *pb = b->data + b->size;
+        n = a->size < b->size ? a->size : b->size;
+        while (n-- > 0) {
+            d = (int)*--pa - (int)*--pb;
+            if (d)
+                return d;
+        }
+        break;
+    }
+    default:
+        n = a->size < b->size ? a->size : b->size;
+        d = n ? memcmp(a->data, b->data, n) : 0;
+        if (d)
+            return d;
+    }
+    return a->size < b->size ? -1 : a->size > b->size;
+}
+
+static int key_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_REVERSEKEY)
+        return CMP_MEMNR;
+    if (flags & LIO_INTEGERKEY)
+        return CMP_INT;
+    return CMP_MEMN;
+}
+
+static int dup_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_INTEGERDUP)
+        return CMP_INT;
+    if (flags & LIO_REVERSEDUP)
+        return CMP_MEMNR;
+    return CMP_MEMN;
+}
+
+/* ---- page stack ---------------------------------------------------------- */
+
+static const uint8_t *top_page(const tcursor *c) { return c->pg[c->top]; }
+
+static int is_leaf2(const uint8_t *p) { return (pg_flags(p) & P_LEAF2) != 0; }
+
+static void node_key(const tcursor *c, const uint8_t *p, unsigned i,
+                     lio_val *key)
+{
+    if (is_leaf2(p)) {
+        key->size = c->db.pad;
+        key->data = p + PAGEHDRSZ + (size_t)i * c->db.pad;
+    } else {
+        const uint8_t *nd = pg_node(p, i);
+        key->size = nd_ksize(nd);
+        key->data = nd_key(nd);
+    }
+}
+
+static void release_levels(tcursor *c, unsigned from)
+{
+    for (unsigned i = from; i < LIO_MAX_DEPTH; i++) {
+        if (c->pin[i]) {
+            lio_page_unpin(c->cur->env, c->pin[i]);
+            c->pin[i] = NULL;
+        }
+    }
+}
+
+/* Checks of a page that depend on where it sits in its tree. */
+static int check_in_tree(tcursor *c, const uint8_t *p, uint32_t size,
+                         unsigned level, uint64_t pgno)
+{
+    int want_leaf = level + 1 == c->db.depth;
+    int leaf = (pg_flags(p) & P_LEAF) != 0;
+    int fixed = (c->db.flags & (LIO_DUPSORT | LIO_DUPFIXED)) == LIO_DUPFIXED;
+    if (level >= c->db.depth)
+        return fail(c, LIO_CORRUPTED, pgno,
+                    "tree is deeper than its recorded depth");
+    if (leaf != want_leaf)
+        return fail(c, LIO_CORRUPTED, pgno, want_leaf
+                    ? "branch page where the tree's depth puts a leaf"
+                    : "leaf page above the tree's recorded depth");
+    if (leaf && is_leaf2(p) != fixed)
+        return fail(c, LIO_CORRUPTED, pgno, fixed
+                    ? "leaf of a fixed-size duplicate tree is not LEAF2"
+                    : "LEAF2 page outside a fixed-size duplicate tree");
+    if (leaf && fixed) {
+        if (c->db.pad == 0 || c->db.pad > LIO_MAX_KEY_SIZE ||
+            PAGEHDRSZ + (uint64_t)pg_numkeys(p) * c->db.pad > size)
+            return fail(c, LIO_CORRUPTED, pgno,
+                        "LEAF2 keys run past the page");
+    }
+    return LIO_SUCCESS;
+}
+
+/* Put page pgno at stack slot `level` and make it the top. */
+static int push_page(tcursor *c, unsigned level, uint64_t pgno, int readahead)
+{
+    lio_page *pg;
+    int rc;
+    if (level >= LIO_MAX_DEPTH || level >= c->db.depth)
+        return fail(c, LIO_CORRUPTED, pgno,
+                    "tree is deeper than its recorded depth");
+    rc = lio_page_get(c->cur->env, &c->cur->snap, pgno, readahead, &pg,
+                      &c->cur->err);
+    if (rc)
+        return rc;
+    if ((rc = check_in_tree(c, pg->data, c->cur->env->psize, level, pgno))) {
+        lio_page_unpin(c->cur->env, pg);
+        return rc;
+    }
+    if (c->pin[level])
+        lio_page_unpin(c->cur->env, c->pin[level]);
+    c->pin[level] = pg;
+    c->pg[level] = pg->data;
+    c->pgno[level] = pgno;
+    c->pgsize[level] = c->cur->env->psize;
+    c->ki[level] = 0;
+    c->top = level;
+    c->snum = level + 1;
+    return LIO_SUCCESS;
+}
+
+static void pop_page(tcursor *c)
+{
+    if (c->snum) {
+        c->snum--;
+        if (c->snum)
+            c->top--;
+    }
+}
+
+/* Binary search of the top page: the smallest entry >= key.  Sets ki[top];
+ * returns 1 if such an entry exists. */
+static int node_search(tcursor *c, const lio_val *key, int *exactp)
+{
+    const uint8_t *p = top_page(c);
+    unsigned n = pg_numkeys(p), i = 0;
+    int low = (pg_flags(p) & P_LEAF) ? 0 : 1, high = (int)n - 1, rc = 0;
+    lio_val nk;
+    while (low <= high) {
+        i = (unsigned)(low + high) >> 1;
+        node_key(c, p, i, &nk);
+        rc = cmp_vals(c->cmp, key, &nk);
+        if (rc == 0)
+            break;
+        if (rc > 0)
+            low = (int)i + 1;
+        else
+            high = (int)i - 1;
+    }
+    if (rc > 0)
+        i++;
+    if (exactp)
+        *exactp = rc == 0 && n > 0;
+    c->ki[c->top] = i;
+    return i < n;
+}
+
+/* From the current top page down to a leaf. */
+static int search_from_top(tcursor *c, const lio_val *key, int first,
+                           int last, int readahead)
+{
+    int rc;
+    for (;;) {
+        const uint8_t *p = top_page(c);
+        unsigned i, n = pg_numkeys(p);
+        if (pg_flags(p) & P_LEAF)
+            break;
+        if (first || last) {
+            i = last ? n - 1 : 0;
+        } else {
+            int exact;
+            if (!node_search(c, key, &exact))
+                i = n - 1;
+            else {
+                i = c->ki[c->top];
+                if (!exact)
+                    i--;
+            }
+        }
+        c->ki[c->top] = i;
+        if ((rc = push_page(c, c->top + 1, nd_child(pg_node(p, i)),
+                            readahead))) {
+            c->flags &= ~(C_INITIALIZED | C_EOF);
+            return rc;
+        }
+    }
+    c->flags |= C_INITIALIZED;
+    c->flags &= ~C_EOF;
+    return LIO_SUCCESS;
+}
+
+/* mdb_page_search: from the root (reused if already at slot 0). */
+static int page_search(tcursor *c, const lio_val *key, int first, int last)
+{
+    int rc;
+    if (c->subpage) {
+        c->snum = 1;
+        c->top = 0;
+    } else {
+        if (c->db.root == LIO_EMPTY_ROOT)
+            return LIO_NOTFOUND;
+        if (!(c->pin[0] && c->pgno[0] == c->db.root)) {
+            if ((rc = push_page(c, 0, c->db.root, first || last))) {
+                c->flags &= ~(C_INITIALIZED | C_EOF);
+                return rc;
+            }
+        }
+        c->snum = 1;
+        c->top = 0;
+    }
+    return search_from_top(c, key, first, last, first || last);
+}
+
+/* Move the top page to its left or right neighbour through the parents. */
+static int sibling(tcursor *c, int right)
+{
+    const uint8_t *parent;
+    int rc;
+    if (c->snum < 2)
+        return LIO_NOTFOUND;
+    pop_page(c);
+    parent = top_page(c);
+    if (right ? c->ki[c->top] + 1u >= pg_numkeys(parent)
+              : c->ki[c->top] == 0) {
+        if ((rc = sibling(c, right)) != LIO_SUCCESS) {
+            c->top++;
+            c->snum++;
+            return rc;
+        }
+        parent = top_page(c);
+    } else if (right) {
+        c->ki[c->top]++;
+    } else {
+        c->ki[c->top]--;
+    }
+    rc = push_page(c, c->top + 1,
+                   nd_child(pg_node(parent, c->ki[c->top])), 1);
+    if (rc) {
+        c->flags &= ~(C_INITIALIZED | C_EOF);
+        return rc;
+    }
+    if (!right)
+        c->ki[c->top] = pg_numkeys(top_page(c)) - 1;
+    return LIO_SUCCESS;
+}
+
+/* ---- node data ----------------------------------------------------------- */
+
+static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
+{
+    lio_cursor *cur = c->cur;
+    lio_env *env = cur->env;
+    uint64_t pgno = ld64(nd_data(leaf));
+    uint32_t size = nd_dsize(leaf);
+    uint64_t need = (PAGEHDRSZ + (uint64_t)size + env->psize - 1) / env->psize;
+    const uint8_t *p;
+    int rc;
+
+    if (cur->ov_pgno == pgno && cur->ov_pgno) {
+        data->data = cur->ov_data;
+        data->size = size;
+        return LIO_SUCCESS;
+    }
+    cur->ov_pgno = 0;
+    if (pgno < 2 || pgno > cur->snap.last_pg ||
+        need > cur->snap.last_pg - pgno + 1)
+        return lio_fail(&cur->err, pgno < 2 ? LIO_CORRUPTED
+                        : LIO_PAGE_NOTFOUND, pgno,
+                        "page %llu: overflow value of %u bytes (%llu pages) "
+                        "runs past the snapshot's last page %llu",
+                        (unsigned long long)pgno, size,
+                        (unsigned long long)need,
+                        (unsigned long long)cur->snap.last_pg);
+    rc = lio_read_into(env, pgno * env->psize, PAGEHDRSZ + (size_t)size,
+                       &cur->ovbuf, &cur->ovcap, &p, pgno, &cur->err);
+    if (rc)
+        return rc;
+    if (pg_pgno(p) != pgno)
+        return fail(c, LIO_CORRUPTED, pgno,
+                    "overflow page carries another page number");
+    if ((pg_flags(p) & ~P_DIRTY) != P_OVERFLOW || (pg_flags(p) & P_DIRTY))
+        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
+                        "page %llu: flags 0x%x where an overflow page was "
+                        "expected", (unsigned long long)pgno, pg_flags(p));
+    if (pg_ovpages(p) < need)
+        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
+                        "page %llu: overflow run of %u pages cannot hold a "
+                        "value of %u bytes", (unsigned long long)pgno,
+                        pg_ovpages(p), size);
+    cur->ov_pgno = pgno;
+    cur->ov_data = p + PAGEHDRSZ;
+    data->data = cur->ov_data;
+    data->size = size;
+    return LIO_SUCCESS;
+}
+
+static int node_read(tcursor *c, const uint8_t *leaf, lio_val *data)
+{
+    if (nd_flags(leaf) & F_BIGDATA)
+        return read_overflow(c, leaf, data);
+    data->size = nd_dsize(leaf);
+    data->data = nd_data(leaf);
+    return LIO_SUCCESS;
+}
+
+static void get_key(const uint8_t *leaf, lio_val *key)
+{
+    if (key) {
+        key->size = nd_ksize(leaf);
+        key->data = nd_key(leaf);
+    }
+}
+
+/* The leaf node under the cursor, or NULL where liblmdb would read past the
+ * page's nodes (after a failed search left ki == numkeys). */
+static const uint8_t *cur_leaf(const tcursor *c)
+{
+    const uint8_t *p = top_page(c);
+    if (is_leaf2(p) || c->ki[c->top] >= pg_numkeys(p))
+        return NULL;
+    return pg_node(p, c->ki[c->top]);
+}
+
+/* mdb_xcursor_init1: point the dup cursor at this node's duplicates. */
+static int xcursor_init(tcursor *c, const uint8_t *leaf)
+{
+    tcursor *x = c->x;
+    lio_cursor *cur = c->cur;
+    uint64_t pgno = c->pgno[c->top];
+    if (!x)
+        return fail(c, LIO_CORRUPTED, pgno,
+                    "node has F_DUPDATA in a database without DUPSORT");
+    if (nd_flags(leaf) & F_SUBDATA) {
+        lio_dbrec rec;
+        uint16_t want = (c->db.flags & LIO_DUPFIXED)
+            ? (LIO_DUPFIXED | ((c->db.flags & LIO_INTEGERDUP) ? LIO_INTEGERKEY : 0))
+            : 0;
+        lio_parse_dbrec(nd_data(leaf), &rec);
+        if (rec.flags != want || rec.root == LIO_EMPTY_ROOT || rec.depth == 0 ||
+            rec.depth > LIO_MAX_DEPTH || rec.root < 2)
+            return fail(c, LIO_CORRUPTED, pgno,
+                        "duplicate sub-database record is impossible");
+        release_levels(x, 0);
+        x->db = rec;
+        x->subpage = 0;
+        x->snum = x->top = 0;
+        x->flags = 0;
+    } else {
+        const uint8_t *fp = nd_data(leaf);
+        uint32_t size = nd_dsize(leaf);
+        int rc = lio_check_page(fp, size, pgno, 1, &cur->err);
+        int fixed = (c->db.flags & LIO_DUPFIXED) != 0;
+        if (rc)
+            return rc;
+        if (is_leaf2(fp) != fixed)
+            return fail(c, LIO_CORRUPTED, pgno, fixed
+                        ? "sub-page of a DUPFIXED database is not LEAF2"
+                        : "LEAF2 sub-page in a database without DUPFIXED");
+        release_levels(x, 0);
+        memset(&x->db, 0, sizeof x->db);
+        x->db.pad = pg_pad(top_page(c));
+        x->db.depth = 1;
+        x->db.leaf_pages = 1;
+        x->db.entries = pg_numkeys(fp);
+        x->db.root = pgno;
+        if (fixed) {
+            x->db.flags = LIO_DUPFIXED;
+            x->db.pad = pg_pad(fp);
+            if (c->db.flags & LIO_INTEGERDUP)
+                x->db.flags |= LIO_INTEGERKEY;
+            if (x->db.pad == 0 ||
+                PAGEHDRSZ + (uint64_t)pg_numkeys(fp) * x->db.pad > size)
+                return fail(c, LIO_CORRUPTED, pgno,
+                            "LEAF2 sub-page keys run past the node");
+        }
+        /* Hold the leaf that contains the sub-page for as long as the dup
+         * cursor points into it. */
+        x->pin[0] = c->pin[c->top];
+        if (x->pin[0]) {
+            pthread_mutex_lock(&cur->env->lock);
+            x->pin[0]->pins++;
+            pthread_mutex_unlock(&cur->env->lock);
+        }
+        x->subpage = 1;
+        x->snum = 1;
+        x->top = 0;
+        x->flags = C_INITIALIZED;
+        x->pg[0] = fp;
+        x->pgno[0] = pgno;
+        x->pgsize[0] = size;
+        x->ki[0] = 0;
+    }
+    return LIO_SUCCESS;
+}
+
+static void x_reset(tcursor *c)
+{
+    if (c->x)
+        c->x->flags &= ~(C_INITIALIZED | C_EOF);
+}
+
+/* ---- movements ----------------------------------------------------------- */
+
+static int cursor_first(tcursor *c, lio_val *key, lio_val *data);
+static int cursor_last(tcursor *c, lio_val *key, lio_val *data);
+
+static int leaf2_key(tcursor *c, lio_val *key)
+{
+    if (key)
+        node_key(c, top_page(c), c->ki[c->top], key);
+    return LIO_SUCCESS;
+}
+
+/* After landing on a node: set up dups, read data and key. */
+static int land(tcursor *c, const uint8_t *leaf, lio_val *key, lio_val *data,
+                int dup_last)
+{
+    int rc;
+    if (nd_flags(leaf) & F_DUPDATA) {
+        if ((rc = xcursor_init(c, leaf)))
+            return rc;
+    }
+    if (data) {
+        if ((rc = node_read(c, leaf, data)))
+            return rc;
+        if (nd_flags(leaf) & F_DUPDATA) {
+            rc = dup_last ? cursor_last(c->x, data, NULL)
+                          : cursor_first(c->x, data, NULL);
+            if (rc)
+                return rc;
+        }
+    }
+    get_key(leaf, key);
+    return LIO_SUCCESS;
+}
+
+static int cursor_next(tcursor *c, lio_val *key, lio_val *data,
+                       lio_cursor_op op)
+{
+    const uint8_t *p, *leaf;
+    int rc;
+    if (c->flags & C_EOF)
+        return LIO_NOTFOUND;
+    if (!c->snum) /* a dup cursor that was never positioned */
+        return LIO_NOTFOUND;
+    p = top_page(c);
+    if ((c->db.flags & LIO_DUPSORT) && (leaf = cur_leaf(c))) {
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if (op == LIO_NEXT || op == LIO_NEXT_DUP) {
+                rc = cursor_next(c->x, data, NULL, LIO_NEXT);
+                if (op != LIO_NEXT || rc != LIO_NOTFOUND) {
+                    if (rc == LIO_SUCCESS)
+                        get_key(leaf, key);
+                    return rc;
+                }
+            }
+        } else {
+            x_reset(c);
+            if (op == LIO_NEXT_DUP)
+                return LIO_NOTFOUND;
+        }
+    }
+    if (c->ki[c->top] + 1u >= pg_numkeys(p)) {
+        if ((rc = sibling(c, 1)) != LIO_SUCCESS) {
+            c->flags |= C_EOF;
+            return rc;
+        }
+        p = top_page(c);
+    } else {
+        c->ki[c->top]++;
+    }
+    if (is_leaf2(p))
+        return leaf2_key(c, key);
+    return land(c, pg_node(p, c->ki[c->top]), key, data, 0);
+}
+
+static int cursor_prev(tcursor *c, lio_val *key, lio_val *data,
+                       lio_cursor_op op)
+{
+    const uint8_t *p, *leaf;
+    int rc;
+    if (!c->snum)
+        return LIO_NOTFOUND;
+    p = top_page(c);
+    if ((c->db.flags & LIO_DUPSORT) && (leaf = cur_leaf(c))) {
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if (op == LIO_PREV || op == LIO_PREV_DUP) {
+                rc = cursor_prev(c->x, data, NULL, LIO_PREV);
+                if (op != LIO_PREV || rc != LIO_NOTFOUND) {
+                    if (rc == LIO_SUCCESS) {
+                        get_key(leaf, key);
+                        c->flags &= ~C_EOF;
+                    }
+                    return rc;
+                }
+            }
+        } else {
+            x_reset(c);
+            if (op == LIO_PREV_DUP)
+                return LIO_NOTFOUND;
+        }
+    }
+    if (c->ki[c->top] == 0) {
+        if ((rc = sibling(c, 0)) != LIO_SUCCESS)
+            return rc;
+        p = top_page(c);
+        c->ki[c->top] = pg_numkeys(p) - 1;
+    } else {
+        c->ki[c->top]--;
+    }
+    c->flags &= ~C_EOF;
+    if (c->ki[c->top] >= pg_numkeys(p))
+        return fail(c, LIO_CORRUPTED, c->pgno[c->top],
+                    "cursor index past the page's nodes");
+    if (is_leaf2(p))
+        return leaf2_key(c, key);
+    return land(c, pg_node(p, c->ki[c->top]), key, data, 1);
+}
+
+static int cursor_first(tcursor *c, lio_val *key, lio_val *data)
+{
+    const uint8_t *p;
+    int rc;
+    x_reset(c);
+    if (!(c->flags & C_INITIALIZED) || c->top) {
+        if ((rc = page_search(c, NULL, 1, 0)))
+            return rc;
+    }
+    p = top_page(c);
+    c->flags |= C_INITIALIZED;
+    c->flags &= ~C_EOF;
+    c->ki[c->top] = 0;
+    if (is_leaf2(p))
+        return leaf2_key(c, key);
+    if (data) {
+        const uint8_t *leaf = pg_node(p, 0);
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if ((rc = xcursor_init(c, leaf)) ||
+                (rc = cursor_first(c->x, data, NULL)))
+                return rc;
+        } else if ((rc = node_read(c, leaf, data))) {
+            return rc;
+        }
+    }
+    get_key(pg_node(p, 0), key);
+    return LIO_SUCCESS;
+}
+
+static int cursor_last(tcursor *c, lio_val *key, lio_val *data)
+{
+    const uint8_t *p, *leaf;
+    int rc;
+    x_reset(c);
+    if (!(c->flags & C_EOF)) {
+        if (!(c->flags & C_INITIALIZED) || c->top) {
+            if ((rc = page_search(c, NULL, 0, 1)))
+                return rc;
+        }
+    }
+    p = top_page(c);
+    c->ki[c->top] = pg_numkeys(p) - 1;
+    c->flags |= C_INITIALIZED | C_EOF;
+    if (is_leaf2(p))
+        return leaf2_key(c, key);
+    leaf = pg_node(p, c->ki[c->top]);
+    if (data) {
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if ((rc = xcursor_init(c, leaf)) ||
+                (rc = cursor_last(c->x, data, NULL)))
+                return rc;
+        } else if ((rc = node_read(c, leaf, data))) {
+            return rc;
+        }
+    }
+    get_key(leaf, key);
+    return LIO_SUCCESS;
+}
+
+/* mdb_cursor_set.  exactp NULL for SET_RANGE. */
+static int cursor_set(tcursor *c, lio_val *key, lio_val *data,
+                      lio_cursor_op op, int *exactp)
+{
+    const uint8_t *p, *leaf = NULL;
+    int rc;
+    lio_val nk;
+
+    if (key->size == 0)
+        return LIO_BAD_VALSIZE;
+    x_reset(c);
+    if (c->flags & C_INITIALIZED) {
+        unsigned n;
+        p = top_page(c);
+        n = pg_numkeys(p);
+        node_key(c, p, 0, &nk);
+        rc = cmp_vals(c->cmp, key, &nk);
+        if (rc == 0) {
+            c->ki[c->top] = 0;
+            if (exactp)
+                *exactp = 1;
+            goto set1;
+        }
+        if (rc > 0) {
+            unsigned i;
+            if (n > 1) {
+                node_key(c, p, n - 1, &nk);
+                rc = cmp_vals(c->cmp, key, &nk);
+                if (rc == 0) {
+                    c->ki[c->top] = n - 1;
+                    if (exactp)
+                        *exactp = 1;
+                    goto set1;
+                }
+                if (rc < 0) {
+                    if (c->ki[c->top] < n) {
+                        node_key(c, p, c->ki[c->top], &nk);
+                        if (cmp_vals(c->cmp, key, &nk) == 0) {
+                            if (exactp)
+                                *exactp = 1;
+                            goto set1;
+                        }
+                    }
+                    goto set2;
+                }
+            }
+            for (i = 0; i < c->top; i++)
+                if (c->ki[i] < pg_numkeys(c->pg[i]) - 1)
+                    break;
+            if (i == c->top) {
+                c->ki[c->top] = n;
+                return LIO_NOTFOUND;
+            }
+        }
+        if (!c->top) {
+            c->ki[c->top] = 0;
+            if (op == LIO_SET_RANGE && !exactp)
+                goto set1;
+            return LIO_NOTFOUND;
+        }
+    }
+    if ((rc = page_search(c, key, 0, 0)))
+        return rc;
+    p = top_page(c);
+
+set2:
+    if (!node_search(c, key, exactp)) {
+        if (exactp && !*exactp)
+            return LIO_NOTFOUND;
+        if ((rc = sibling(c, 1)) != LIO_SUCCESS)
+            return rc;
+        p = top_page(c);
+        c->ki[c->top] = 0;
+    } else if (exactp && !*exactp) {
+        return LIO_NOTFOUND;
+    }
+
+set1:
+    p = top_page(c);
+    c->flags |= C_INITIALIZED;
+    c->flags &= ~C_EOF;
+    if (is_leaf2(p)) {
+        if (op == LIO_SET_RANGE || op == LIO_SET_KEY)
+            node_key(c, p, c->ki[c->top], key);
+        return LIO_SUCCESS;
+    }
+    leaf = pg_node(p, c->ki[c->top]);
+    if (nd_flags(leaf) & F_DUPDATA) {
+        if ((rc = xcursor_init(c, leaf)))
+            return rc;
+    }
+    rc = LIO_SUCCESS;
+    if (data) {
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if (op == LIO_SET || op == LIO_SET_KEY || op == LIO_SET_RANGE) {
+                rc = cursor_first(c->x, data, NULL);
+            } else {
+                int ex2 = 0;
+                rc = cursor_set(c->x, data, NULL, LIO_SET_RANGE,
+                                op == LIO_GET_BOTH ? &ex2 : NULL);
+                if (rc)
+                    return rc;
+            }
+        } else if (op == LIO_GET_BOTH || op == LIO_GET_BOTH_RANGE) {
+            lio_val d2;
+            if ((rc = node_read(c, leaf, &d2)))
+                return rc;
+            rc = cmp_vals(c->cur->dcmp, data, &d2);
+            if (rc) {
+                if (op == LIO_GET_BOTH || rc > 0)
+                    return LIO_NOTFOUND;
+                rc = 0;
+                *data = d2;
+            }
+        } else {
+            x_reset(c);
+            if ((rc = node_read(c, leaf, data)))
+                return rc;
+        }
+    }
+    if (op == LIO_SET_RANGE || op == LIO_SET_KEY)
+        get_key(leaf, key);
+    return rc;
+}
+
+/* GET_CURRENT for one tree level (recurses into the dup cursor). */
+static int cursor_current(tcursor *c, lio_val *key, lio_val *data)
+{
+    const uint8_t *p, *leaf;
+    unsigned n;
+    if (!(c->flags & C_INITIALIZED))
+        return LIO_EINVAL;
+    p = top_page(c);
+    n = pg_numkeys(p);
+    if (!n || c->ki[c->top] >= n) {
+        c->ki[c->top] = n;
+        return LIO_NOTFOUND;
+    }
+    if (is_leaf2(p))
+        return leaf2_key(c, key);
+    leaf = pg_node(p, c->ki[c->top]);
+    get_key(leaf, key);
+    if (data) {
+        if (nd_flags(leaf) & F_DUPDATA) {
+            if (!c->x)
+                return fail(c, LIO_CORRUPTED, c->pgno[c->top],
+                            "node has F_DUPDATA in a database without "
+                            "DUPSORT");
+            return cursor_current(c->x, data, NULL);
+        }
+        return node_read(c, leaf, data);
+    }
+    return LIO_SUCCESS;
+}
+
+/* The dup cursor's page as one block of fixed-size values. */
+static int fetch_multiple(tcursor *c, lio_val *data)
+{
+    tcursor *x = c->x;
+    const uint8_t *p = top_page(x);
+    data->size = (size_t)pg_numkeys(p) * x->db.pad;
+    data->data = p + PAGEHDRSZ;
+    x->ki[x->top] = pg_numkeys(p) - 1;
+    return LIO_SUCCESS;
+}
+
+static int dup_move(tcursor *c, lio_val *key, lio_val *data, int last)
+{
+    const uint8_t *leaf;
+    if (!data || !(c->flags & C_INITIALIZED))
+        return LIO_EINVAL;
+    if (!c->x)
+        return LIO_INCOMPATIBLE;
+    leaf = cur_leaf(c);
+    if (!leaf)
+        return LIO_EINVAL;
+    if (!(nd_flags(leaf) & F_DUPDATA)) {
+        get_key(leaf, key);
+        return node_read(c, leaf, data);
+    }
+    if (!(c->x->flags & C_INITIALIZED))
+        return LIO_EINVAL;
+    return last ? cursor_last(c->x, data, NULL)
+                : cursor_first(c->x, data, NULL);
+}
+
+int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
+                   lio_cursor_op op)
+{
+    tcursor *c = &cur->mc;
+    int rc, exact = 0;
+
+    cur->err.code = 0;
+    switch (op) {
+    case LIO_GET_CURRENT:
+        rc = cursor_current(c, key, data);
+        break;
+    case LIO_GET_BOTH:
+    case LIO_GET_BOTH_RANGE:
+        if (!data) {
+            rc = LIO_EINVAL;
+            break;
+        }
+        if (!c->x) {
+            rc = LIO_INCOMPATIBLE;
+            break;
+        }
+        /* fall through */
+    case LIO_SET:
+    case LIO_SET_KEY:
+    case LIO_SET_RANGE:
+        if (!key)
+            rc = LIO_EINVAL;
+        else
+            rc = cursor_set(c, key, data, op,
+                            op == LIO_SET_RANGE ? NULL : &exact);
+        break;
+    case LIO_GET_MULTIPLE:
+        if (!data || !(c->flags & C_INITIALIZED)) {
+            rc = LIO_EINVAL;
+            break;
+        }
+        if (!(c->db.flags & LIO_DUPFIXED)) {
+            rc = LIO_INCOMPATIBLE;
+            break;
+        }
+        rc = LIO_SUCCESS;
+        if ((c->x->flags & (C_INITIALIZED | C_EOF)) == C_INITIALIZED)
+            rc = fetch_multiple(c, data);
+        break;
+    case LIO_NEXT_MULTIPLE:
+        if (!data) {
+            rc = LIO_EINVAL;
+            break;
+        }
+        if (!(c->db.flags & LIO_DUPFIXED)) {
+            rc = LIO_INCOMPATIBLE;
+            break;
+        }
+        if (!(c->flags & C_INITIALIZED))
+            rc = cursor_first(c, key, data);
+        else
+            rc = cursor_next(c, key, data, LIO_NEXT_DUP);
+        if (rc == LIO_SUCCESS) {
+            if (c->x->flags & C_INITIALIZED)
+                rc = fetch_multiple(c, data);
+            else
+                rc = LIO_NOTFOUND;
+        }
+        break;
+    case LIO_NEXT:
+    case LIO_NEXT_DUP:
+    case LIO_NEXT_NODUP:
+        if (!(c->flags & C_INITIALIZED))
+            rc = cursor_first(c, key, data);
+        else
+            rc = cursor_next(c, key, data, op);
+        break;
+    case LIO_PREV:
+    case LIO_PREV_DUP:
+    case LIO_PREV_NODUP:
+        if (!(c->flags & C_INITIALIZED)) {
+            rc = cursor_last(c, key, data);
+            if (rc)
+                break;
+            c->flags |= C_INITIALIZED;
+            c->ki[c->top]++;
+        }
+        rc = cursor_prev(c, key, data, op);
+        break;
+    case LIO_FIRST:
+        rc = cursor_first(c, key, data);
+        break;
+    case LIO_LAST:
+        rc = cursor_last(c, key, data);
+        break;
+    case LIO_FIRST_DUP:
+        rc = dup_move(c, key, data, 0);
+        break;
+    case LIO_LAST_DUP:
+        rc = dup_move(c, key, data, 1);
+        break;
+    default:
+        rc = LIO_EINVAL;
+    }
+    if (rc < 0 && rc != LIO_NOTFOUND && cur->err.code == 0) {
+        /* Argument errors carry no page: describe them anyway. */
+        lio_fail(&cur->err, rc, LIO_NO_PAGE, "%s",
+                 rc == LIO_BAD_VALSIZE ? "key size is zero or too large"
+                 : rc == LIO_INCOMPATIBLE ? "operation needs a DUPSORT / "
+                   "DUPFIXED database"
+                 : "invalid cursor operation for the cursor's state");
+    }
+    return rc;
+}
+
+int lio_cursor_count(lio_cursor *cur, uint64_t *count)
+{
+    tcursor *c = &cur->mc;
+    const uint8_t *leaf;
+    cur->err.code = 0;
+    if (!c->x)
+        return LIO_INCOMPATIBLE;
+    if (!(c->flags & C_INITIALIZED))
+        return LIO_EINVAL;
+    if (!c->snum || (c->flags & C_EOF))
+        return LIO_NOTFOUND;
+    leaf = cur_leaf(c);
+    if (!leaf)
+        return LIO_NOTFOUND;
+    if (!(nd_flags(leaf) & F_DUPDATA)) {
+        *count = 1;
+    } else {
+        if (!(c->x->flags & C_INITIALIZED))
+            return LIO_EINVAL;
+        *count = c->x->db.entries;
+    }
+    return LIO_SUCCESS;
+}
+
+int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
+{
+    tcursor *c = &cur->mc;
+    lio_val k = *key;
+    int exact = 0;
+    cur->err.code = 0;
+    /* mdb_get starts from a fresh cursor; the pinned root stays usable. */
+    c->flags = 0;
+    c->snum = c->top = 0;
+    x_reset(c);
+    return cursor_set(c, &k, data, LIO_SET, &exact);
+}
+
+const lio_error *lio_cursor_error(const lio_cursor *cur) { return &cur->err; }
+
+static void tcursor_init(tcursor *c, lio_cursor *cur, const lio_dbrec *db,
+                         int cmp, tcursor *x)
+{
+    memset(c, 0, sizeof *c);
+    c->cur = cur;
+    c->x = x;
+    c->db = *db;
+    c->cmp = cmp;
+}
+
+int lio_cursor_open(lio_cursor **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, lio_error *err)
+{
+    lio_cursor *cur;
+    lio_dbrec rec = *db;
+    int dupsort;
+    *out = NULL;
+    rec.flags &= LIO_PERSISTENT_FLAGS; /* the free DB's also has env flags */
+    dupsort = (rec.flags & LIO_DUPSORT) != 0;
+    cur = calloc(1, sizeof *cur);
+    if (!cur)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    cur->env = env;
+    cur->snap = *snap;
+    cur->dcmp = dup_cmp_kind(rec.flags);
+    tcursor_init(&cur->mc, cur, &rec, key_cmp_kind(rec.flags),
+                 dupsort ? &cur->mx : NULL);
+    if (dupsort) {
+        lio_dbrec none;
+        memset(&none, 0, sizeof none);
+        none.root = LIO_EMPTY_ROOT;
+        tcursor_init(&cur->mx, cur, &none, cur->dcmp, NULL);
+    }
+    *out = cur;
+    return LIO_SUCCESS;
+}
+
+void lio_cursor_close(lio_cursor *cur)
+{
+    if (!cur)
+        return;
+    release_levels(&cur->mc, 0);
+    release_levels(&cur->mx, 0);
+    free(cur->ovbuf);
+    free(cur);
+}
+
+int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
+                 size_t len, lio_dbrec *out, lio_error *err)
+{
+    lio_cursor *cur;
+    lio_val key = {name, len}, data;
+    const uint8_t *leaf;
+    int rc = lio_cursor_open(&cur, env, snap, &snap->main_db, err);
+    if (rc)
+        return rc;
+    rc = lio_get(cur, &key, &data);
+    if (rc == LIO_SUCCESS) {
+        leaf = cur_leaf(&cur->mc);
+        if (!leaf || (nd_flags(leaf) & (F_DUPDATA | F_SUBDATA)) != F_SUBDATA) {
+            rc = lio_fail(err, LIO_INCOMPATIBLE, cur->mc.pgno[cur->mc.top],
+                          "page %llu: key is not a named database",
+                          (unsigned long long)cur->mc.pgno[cur->mc.top]);
+        } else {
+            lio_parse_dbrec(data.data, out);
+            rc = lio_check_dbrec(out, cur->mc.pgno[cur->mc.top], err);
+            if (rc == LIO_SUCCESS && out->root != LIO_EMPTY_ROOT &&
+                out->root > snap->last_pg)
+                rc = lio_fail(err, LIO_PAGE_NOTFOUND, out->root,
+                              "page %llu: named database root is past the "
+                              "snapshot's last page %llu",
+                              (unsigned long long)out->root,
+                              (unsigned long long)snap->last_pg);
+        }
+    } else if (rc != LIO_NOTFOUND && err) {
+        *err = cur->err;
+    }
+    lio_cursor_close(cur);
+    return rc;
+}

@@ -1,0 +1,360 @@
+/* Meta pages, database records and the structural checks of pages. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core.h"
+
+int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        err->code = code;
+        err->sys_errno = 0;
+        err->pgno = pgno;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+int lio_fail_sys(lio_error *err, int sys_errno, uint64_t off, const char *what)
+{
+    if (err) {
+        err->code = LIO_SYSERR;
+        err->sys_errno = sys_errno;
+        err->pgno = LIO_NO_PAGE;
+        snprintf(err->msg, sizeof err->msg, "%s at offset %llu: %s", what,
+                 (unsigned long long)off, strerror(sys_errno));
+    }
+    return LIO_SYSERR;
+}
+
+void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db)
+{
+    db->pad = ld32(p);
+    db->flags = ld16(p + 4);
+    db->depth = ld16(p + 6);
+    db->branch_pages = ld64(p + 8);
+    db->leaf_pages = ld64(p + 16);
+    db->overflow_pages = ld64(p + 24);
+    db->entries = ld64(p + 32);
+    db->root = ld64(p + 40);
+}
+
+int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
+{
+    if (db->flags & ~LIO_PERSISTENT_FLAGS)
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "page %llu: database record has unknown flags 0x%x",
+                        (unsigned long long)pgno, db->flags);
+    if ((db->flags & (LIO_DUPFIXED | LIO_INTEGERDUP | LIO_REVERSEDUP)) &&
+        !(db->flags & LIO_DUPSORT))
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "page %llu: database flags 0x%x use DUPFIXED, "
+                        "INTEGERDUP or REVERSEDUP without DUPSORT",
+                        (unsigned long long)pgno, db->flags);
+    if (db->root == LIO_EMPTY_ROOT)
+        return LIO_SUCCESS;
+    if (db->depth == 0 || db->depth > LIO_MAX_DEPTH)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu: database record has impossible depth %u",
+                        (unsigned long long)pgno, db->depth);
+    if (db->root < 2)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu: database root %llu is a meta page",
+                        (unsigned long long)pgno, (unsigned long long)db->root);
+    return LIO_SUCCESS;
+}
+
+/* Check a meta page's header and struct; fill *m. */
+static int parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
+                      lio_meta *m, lio_error *err)
+{
+    uint32_t magic, version, psize;
+    if (avail < META_END)
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "meta page %llu is truncated: not an LMDB file",
+                        (unsigned long long)pgno);
+    magic = ld32(p + 16);
+    if (magic != LMDB_MAGIC) {
+        if (magic == __builtin_bswap32(LMDB_MAGIC))
+            return lio_fail(err, LIO_INVALID, pgno,
+                            "meta page %llu: byte-swapped magic: a big-endian "
+                            "LMDB file, which this machine cannot read",
+                            (unsigned long long)pgno);
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "meta page %llu: bad magic 0x%08x: not an LMDB file",
+                        (unsigned long long)pgno, magic);
+    }
+    if (!(pg_flags(p) & P_META))
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "meta page %llu: page flags 0x%x lack P_META",
+                        (unsigned long long)pgno, pg_flags(p));
+    version = ld32(p + 20);
+    if (version != LMDB_DATA_VERSION)
+        return lio_fail(err, LIO_VERSION_MISMATCH, pgno,
+                        "meta page %llu: data format version %u, expected %u",
+                        (unsigned long long)pgno, version, LMDB_DATA_VERSION);
+    m->mapsize = ld64(p + 32);
+    lio_parse_dbrec(p + 40, &m->free_db);
+    lio_parse_dbrec(p + 88, &m->main_db);
+    m->last_pg = ld64(p + 136);
+    m->txnid = ld64(p + 144);
+    psize = m->free_db.pad;
+    m->psize = psize;
+    m->env_flags = m->free_db.flags;
+    if (psize < 512 || psize > 32768 || (psize & (psize - 1)))
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "meta page %llu: invalid page size %u",
+                        (unsigned long long)pgno, psize);
+    return LIO_SUCCESS;
+}
+
+/* Checks that need the whole snapshot: record flags, roots within it. */
+static int check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err)
+{
+    int rc;
+    const lio_dbrec *dbs[2] = {&m->free_db, &m->main_db};
+    if (m->last_pg < 1)
+        return lio_fail(err, LIO_INVALID, pgno,
+                        "meta page %llu: last page %llu is impossible",
+                        (unsigned long long)pgno, (unsigned long long)m->last_pg);
+    /* The free DB's flags also carry environment flags: check only main's. */
+    if ((rc = lio_check_dbrec(&m->main_db, pgno, err)))
+        return rc;
+    for (int i = 0; i < 2; i++) {
+        const lio_dbrec *db = dbs[i];
+        if (db->root == LIO_EMPTY_ROOT)
+            continue;
+        if (db->depth == 0 || db->depth > LIO_MAX_DEPTH || db->root < 2)
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "meta page %llu: %s database has root %llu depth %u",
+                            (unsigned long long)pgno, i ? "main" : "free",
+                            (unsigned long long)db->root, db->depth);
+        if (db->root > m->last_pg)
+            return lio_fail(err, LIO_PAGE_NOTFOUND, db->root,
+                            "page %llu: %s database root is past the last "
+                            "page %llu of the snapshot",
+                            (unsigned long long)db->root, i ? "main" : "free",
+                            (unsigned long long)m->last_pg);
+    }
+    return LIO_SUCCESS;
+}
+
+static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+{
+    uint8_t *buf = NULL;
+    const uint8_t *data;
+    int rc;
+    for (int i = 0; i < 2; i++) {
+        uint64_t off = (uint64_t)i * env->psize;
+        if ((rc = lio_read_range(env, off, META_END, &buf, &data, i, err))) {
+            if (rc == LIO_PAGE_NOTFOUND)
+                rc = lio_fail(err, LIO_INVALID, i,
+                              "meta page %d is past the end of the file "
+                              "(%llu bytes): not an LMDB file",
+                              i, (unsigned long long)env->file_size);
+            return rc;
+        }
+        rc = parse_meta(data, META_END, i, &metas[i], err);
+        free(buf);
+        if (rc)
+            return rc;
+        if (metas[i].psize != env->psize)
+            return lio_fail(err, LIO_INVALID, i,
+                            "meta page %d: page size %u differs from meta "
+                            "page 0's %u", i, metas[i].psize, env->psize);
+    }
+    return LIO_SUCCESS;
+}
+
+int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+{
+    return read_metas(env, metas, err);
+}
+
+int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
+                     lio_error *err)
+{
+    lio_meta metas[2];
+    int rc, which;
+    if ((rc = read_metas(env, metas, err)))
+        return rc;
+    if (txnid == 0) {
+        which = metas[1].txnid > metas[0].txnid;
+    } else {
+        which = (int)(txnid & 1);
+        if (metas[which].txnid != txnid)
+            return LIO_RETRY;
+    }
+    if ((rc = check_snapshot(&metas[which], which, err)))
+        return rc;
+    *out = metas[which];
+    return LIO_SUCCESS;
+}
+
+int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
+                 size_t readahead_bytes, lio_error *err)
+{
+    lio_env *env;
+    uint8_t *buf = NULL;
+    const uint8_t *data;
+    lio_meta m0;
+    int64_t size;
+    int rc;
+
+    *out = NULL;
+    env = calloc(1, sizeof *env);
+    if (!env)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    env->src = *src;
+    env->align = src->align ? src->align : 1;
+    pthread_mutex_init(&env->lock, NULL);
+    env->lru.next = env->lru.prev = &env->lru;
+    size = src->size(src->ctx);
+    if (size < 0) {
+        rc = lio_fail_sys(err, (int)-size, 0, "cannot stat the data file");
+        goto fail;
+    }
+    env->file_size = (uint64_t)size;
+    if (env->file_size < META_END) {
+        rc = lio_fail(err, LIO_INVALID, 0,
+                      "file is %llu bytes, too small for an LMDB meta page: "
+                      "not an LMDB file", (unsigned long long)env->file_size);
+        goto fail;
+    }
+    if ((rc = lio_read_range(env, 0, META_END, &buf, &data, 0, err)))
+        goto fail;
+    rc = parse_meta(data, META_END, 0, &m0, err);
+    free(buf);
+    if (rc)
+        goto fail;
+    env->psize = m0.psize;
+    {
+        lio_meta metas[2];
+        if ((rc = read_metas(env, metas, err)))
+            goto fail;
+    }
+    env->max_pages = cache_bytes / env->psize;
+    if (env->max_pages < 64)
+        env->max_pages = 64;
+    env->table_size = 1;
+    while (env->table_size < env->max_pages * 2)
+        env->table_size <<= 1;
+    env->table = calloc(env->table_size, sizeof *env->table);
+    if (!env->table) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto fail;
+    }
+    env->readahead_pages = readahead_bytes / env->psize;
+    if (env->readahead_pages > env->max_pages / 4)
+        env->readahead_pages = env->max_pages / 4;
+    *out = env;
+    return LIO_SUCCESS;
+fail:
+    lio_env_close(env);
+    return rc;
+}
+
+uint32_t lio_env_psize(const lio_env *env) { return env->psize; }
+
+/* Check node offsets, key and data extents against the page bounds.
+ * size is psize, or the sub-page's size for a DUPDATA sub-page. */
+int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
+                   lio_error *err)
+{
+    uint16_t flags = pg_flags(p), lower = pg_lower(p), upper = pg_upper(p);
+    unsigned n, i;
+    const char *what = subpage ? "sub-page of page" : "page";
+    unsigned long long pg = (unsigned long long)pgno;
+    uint16_t kind = flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META);
+
+    if (subpage) {
+        if ((flags & ~(P_LEAF2 | P_DIRTY)) != (P_LEAF | P_SUBP))
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "%s %llu has flags 0x%x, not a leaf sub-page",
+                            what, pg, flags);
+    } else {
+        if (flags & P_DIRTY)
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "page %llu has P_DIRTY set on disk (flags 0x%x)",
+                            pg, flags);
+        if ((kind != P_BRANCH && kind != P_LEAF) || (flags & P_SUBP) ||
+            ((flags & P_LEAF2) && kind != P_LEAF))
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "page %llu has flags 0x%x, not a branch or leaf "
+                            "page", pg, flags);
+    }
+    if (lower < PAGEHDRSZ || lower > upper || upper > size || (lower & 1))
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "%s %llu: bad free-space bounds lower=%u upper=%u "
+                        "(size %u)", what, pg, lower, upper, size);
+    n = (lower - PAGEHDRSZ) >> 1;
+    /* liblmdb never commits an empty page: an emptied tree gets an
+     * invalid root instead. */
+    if (n == 0)
+        return lio_fail(err, LIO_CORRUPTED, pgno, "%s %llu has no keys",
+                        what, pg);
+    if (flags & P_LEAF2) {
+        /* Keys are fixed-size; the tree's key size is checked in context. */
+        return LIO_SUCCESS;
+    }
+    for (i = 0; i < n; i++) {
+        uint16_t off = ld16(p + PAGEHDRSZ + 2 * i);
+        const uint8_t *nd;
+        uint32_t end;
+        if (off < lower || (off & 1) || (uint32_t)off + NODEHDRSZ > size)
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "%s %llu: node %u offset %u is outside the node "
+                            "area", what, pg, i, off);
+        nd = p + off;
+        end = (uint32_t)off + NODEHDRSZ + nd_ksize(nd);
+        if (end > size)
+            return lio_fail(err, LIO_CORRUPTED, pgno,
+                            "%s %llu: node %u key size %u runs past the page",
+                            what, pg, i, nd_ksize(nd));
+        if (flags & P_BRANCH)
+            continue;
+        {
+            uint16_t nf = nd_flags(nd);
+            uint32_t dsize = nd_dsize(nd);
+            if (nf & ~(F_BIGDATA | F_SUBDATA | F_DUPDATA))
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "%s %llu: node %u has unknown flags 0x%x",
+                                what, pg, i, nf);
+            if (nf & F_BIGDATA) {
+                if (nf != F_BIGDATA)
+                    return lio_fail(err, LIO_CORRUPTED, pgno,
+                                    "%s %llu: node %u mixes F_BIGDATA with "
+                                    "flags 0x%x", what, pg, i, nf);
+                if (end + 8 > size)
+                    return lio_fail(err, LIO_CORRUPTED, pgno,
+                                    "%s %llu: node %u overflow page number "
+                                    "runs past the page", what, pg, i);
+                continue;
+            }
+            if (subpage && nf)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "%s %llu: node %u of a sub-page has flags 0x%x",
+                                what, pg, i, nf);
+            if ((uint64_t)end + dsize > size)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "%s %llu: node %u data size %u runs past the "
+                                "page", what, pg, i, dsize);
+            if ((nf & F_SUBDATA) && dsize != DBREC_SIZE)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "%s %llu: node %u holds a database record of "
+                                "%u bytes, not %d", what, pg, i, dsize,
+                                DBREC_SIZE);
+            if (nf == F_DUPDATA && dsize < PAGEHDRSZ)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "%s %llu: node %u sub-page of %u bytes is "
+                                "smaller than a page header", what, pg, i,
+                                dsize);
+        }
+    }
+    return LIO_SUCCESS;
+}
