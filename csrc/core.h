@@ -105,6 +105,19 @@ int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
                   size_t *cap, const uint8_t **data, uint64_t pgno,
                   lio_error *err);
 
+/* Is [off, off+len) inside the data file?  LIO_PAGE_NOTFOUND naming pgno
+ * if not (the size is re-read once: a live writer grows the file). */
+int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
+                     lio_error *err);
+
+/* Checks of a leaf's 16-byte header alone (the index reads no more). */
+int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                          lio_error *err);
+
+/* Records a leaf holds when duplicates count (DUPSORT trees). */
+int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                         uint64_t *count, lio_error *err);
+
 /* Structural checks of a branch/leaf page that need no tree context. */
 int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
                    lio_error *err);

@@ -100,3 +100,258 @@ void lio_posix_close(lio_posix *p)
     close(p->fd);
     free(p);
 }
+
+/* ---- a pool of reader threads performing plans ------------------------- */
+
+#include <sys/uio.h>
+
+#define MAX_IOV 1024
+
+struct lio_pool {
+    lio_posix *p;
+    unsigned nthreads;
+    pthread_t *threads;
+    pthread_mutex_t run_mu;   /* one plan at a time */
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    const lio_plan *plan;     /* the plan being performed */
+    size_t next;              /* next read to take */
+    unsigned busy;            /* workers still on the current plan */
+    uint64_t generation;
+    int stop;
+    int rc;
+    lio_error err;
+    uint64_t requests, bytes;
+};
+
+/* One planned read: preadv straight into its segments, or, for O_DIRECT,
+ * into an aligned staging buffer that is then scattered. */
+static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
+                   lio_error *err)
+{
+    lio_posix *p = pool->p;
+    struct iovec iov[MAX_IOV];
+    uint64_t requests = 0, bytes = 0;
+    size_t nseg = r->nseg, i;
+    int rc = 0;
+
+    if (p->align > 1) {
+        uint64_t start = r->off - r->off % p->align;
+        uint64_t end = r->off + r->len;
+        uint8_t *stage, *src;
+        size_t span, got = 0;
+        end += (p->align - end % p->align) % p->align;
+        span = (size_t)(end - start);
+        if (posix_memalign((void **)&stage, p->align, span))
+            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE,
+                            "cannot allocate a %zu-byte staging buffer", span);
+        while (got < (size_t)(r->off + r->len - start)) {
+            ssize_t n = pread(p->fd, stage + got, span - got,
+                              (off_t)(start + got));
+            requests++;
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0) {
+                rc = lio_fail_sys(err, errno, start + got, "read failed");
+                break;
+            }
+            if (n == 0) {
+                rc = lio_fail(err, LIO_PAGE_NOTFOUND, LIO_NO_PAGE,
+                              "the file ends at byte %llu, inside a planned "
+                              "read", (unsigned long long)(start + got));
+                break;
+            }
+            bytes += (uint64_t)n;
+            got += (size_t)n;
+        }
+        src = stage + (r->off - start);
+        for (i = 0; rc == 0 && i < nseg; i++) {
+            const lio_seg *s = &plan->segs[r->first_seg + i];
+            memcpy(s->dst, src, s->len);
+            src += s->len;
+        }
+        free(stage);
+    } else {
+        uint64_t off = r->off;
+        size_t first = 0, cnt = nseg;
+        for (i = 0; i < nseg; i++) {
+            iov[i].iov_base = plan->segs[r->first_seg + i].dst;
+            iov[i].iov_len = plan->segs[r->first_seg + i].len;
+        }
+        while (cnt) {
+            ssize_t n = preadv(p->fd, iov + first, (int)cnt, (off_t)off);
+            requests++;
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0) {
+                rc = lio_fail_sys(err, errno, off, "read failed");
+                break;
+            }
+            if (n == 0) {
+                rc = lio_fail(err, LIO_PAGE_NOTFOUND, LIO_NO_PAGE,
+                              "the file ends at byte %llu, inside a planned "
+                              "read", (unsigned long long)off);
+                break;
+            }
+            bytes += (uint64_t)n;
+            off += (uint64_t)n;
+            /* A short read: skip what arrived and go on. */
+            while (cnt && (size_t)n >= iov[first].iov_len) {
+                n -= (ssize_t)iov[first].iov_len;
+                first++;
+                cnt--;
+            }
+            if (cnt && n) {
+                iov[first].iov_base = (uint8_t *)iov[first].iov_base + n;
+                iov[first].iov_len -= (size_t)n;
+            }
+        }
+    }
+    pthread_mutex_lock(&pool->mu);
+    pool->requests += requests;
+    pool->bytes += bytes;
+    pthread_mutex_unlock(&pool->mu);
+    return rc;
+}
+
+/* Take reads off the current plan until none is left. */
+static void drain(lio_pool *pool, const lio_plan *plan)
+{
+    for (;;) {
+        size_t i;
+        lio_error err;
+        int rc;
+        pthread_mutex_lock(&pool->mu);
+        if (pool->rc || pool->next >= plan->nreads) {
+            pthread_mutex_unlock(&pool->mu);
+            return;
+        }
+        i = pool->next++;
+        pthread_mutex_unlock(&pool->mu);
+        rc = do_read(pool, plan, &plan->reads[i], &err);
+        if (rc) {
+            pthread_mutex_lock(&pool->mu);
+            if (!pool->rc) {
+                pool->rc = rc;
+                pool->err = err;
+            }
+            pthread_mutex_unlock(&pool->mu);
+        }
+    }
+}
+
+static void *worker(void *arg)
+{
+    lio_pool *pool = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->stop && pool->generation == seen)
+            pthread_cond_wait(&pool->work, &pool->mu);
+        if (pool->stop)
+            break;
+        seen = pool->generation;
+        pthread_mutex_unlock(&pool->mu);
+        drain(pool, pool->plan);
+        pthread_mutex_lock(&pool->mu);
+        if (--pool->busy == 0)
+            pthread_cond_broadcast(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+static int pool_run(void *ctx, const lio_plan *plan, lio_error *err)
+{
+    lio_pool *pool = ctx;
+    int rc;
+    if (plan->nreads == 0)
+        return LIO_SUCCESS;
+    if (plan->nreads == 1 || pool->nthreads == 0) {
+        for (size_t i = 0; i < plan->nreads; i++)
+            if ((rc = do_read(pool, plan, &plan->reads[i], err)))
+                return rc;
+        return LIO_SUCCESS;
+    }
+    pthread_mutex_lock(&pool->run_mu);
+    pthread_mutex_lock(&pool->mu);
+    pool->plan = plan;
+    pool->next = 0;
+    pool->rc = 0;
+    pool->busy = pool->nthreads;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+    drain(pool, plan);
+    pthread_mutex_lock(&pool->mu);
+    while (pool->busy)
+        pthread_cond_wait(&pool->done, &pool->mu);
+    rc = pool->rc;
+    if (rc && err)
+        *err = pool->err;
+    pthread_mutex_unlock(&pool->mu);
+    pthread_mutex_unlock(&pool->run_mu);
+    return rc;
+}
+
+int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
+                  lio_error *err)
+{
+    lio_pool *pool = calloc(1, sizeof *pool);
+    *out = NULL;
+    if (!pool)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    pool->p = p;
+    pthread_mutex_init(&pool->run_mu, NULL);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->work, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = calloc(nthreads ? nthreads : 1, sizeof *pool->threads);
+    if (!pool->threads) {
+        lio_pool_close(pool);
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    }
+    for (unsigned i = 0; i < nthreads; i++) {
+        if (pthread_create(&pool->threads[i], NULL, worker, pool)) {
+            lio_pool_close(pool);
+            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE,
+                            "cannot start reader threads");
+        }
+        pool->nthreads++;
+    }
+    *out = pool;
+    return LIO_SUCCESS;
+}
+
+void lio_pool_get_executor(lio_pool *pool, lio_executor *ex)
+{
+    ex->ctx = pool;
+    ex->run = pool_run;
+}
+
+void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes)
+{
+    lio_pool *mp = (lio_pool *)pool;
+    pthread_mutex_lock(&mp->mu);
+    *requests = pool->requests;
+    *bytes = pool->bytes;
+    pthread_mutex_unlock(&mp->mu);
+}
+
+void lio_pool_close(lio_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+    for (unsigned i = 0; i < pool->nthreads; i++)
+        pthread_join(pool->threads[i], NULL);
+    free(pool->threads);
+    pthread_cond_destroy(&pool->work);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_mutex_destroy(&pool->run_mu);
+    free(pool);
+}

@@ -155,6 +155,97 @@ const lio_error *lio_cursor_error(const lio_cursor *c);
 /* mdb_get: a SET on cursor c (reused as scratch). */
 int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
 
+/* ---- planned reads (bulk path) ---------------------------------------- */
+
+/* A read of consecutive file bytes from `off`, scattered into segments
+ * segs[first_seg .. first_seg+nseg-1] in order. */
+typedef struct lio_seg {
+    uint8_t *dst;
+    size_t len;
+} lio_seg;
+
+typedef struct lio_read {
+    uint64_t off;
+    size_t first_seg;
+    size_t nseg;
+    size_t len;              /* sum of its segments' lengths */
+} lio_read;
+
+typedef struct lio_plan {
+    lio_read *reads;
+    size_t nreads, reads_cap;
+    lio_seg *segs;
+    size_t nsegs, segs_cap;
+    uint64_t bytes;          /* total bytes the plan reads */
+    /* coalescing policy */
+    size_t max_gap;          /* merge reads separated by at most this */
+    size_t max_read;         /* never build a read longer than this */
+    uint8_t *sink;           /* gap bytes land here (max_gap bytes) */
+} lio_plan;
+
+void lio_plan_init(lio_plan *plan, size_t max_gap, size_t max_read);
+void lio_plan_reset(lio_plan *plan);
+void lio_plan_free(lio_plan *plan);
+/* Append `len` file bytes at `off` to go to `dst`.  Offsets must arrive in
+ * ascending order; a request that starts at or shortly after the previous
+ * one's end joins that read. */
+int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len);
+
+/* Who performs a plan: the POSIX pool below, or MPI-IO from Python. */
+typedef struct lio_executor {
+    void *ctx;
+    /* Perform every read of the plan.  0, or a negative LIO_* code with err
+     * filled in (a short read past the end of the file is LIO_PAGE_NOTFOUND). */
+    int (*run)(void *ctx, const lio_plan *plan, lio_error *err);
+} lio_executor;
+
+/* ---- record index ------------------------------------------------------ */
+
+/* Ordinal <-> (leaf, slot) for one tree of one snapshot, built from the
+ * branch levels and the leaf headers (whole leaves for DUPSORT, whose
+ * duplicates count as records). */
+typedef struct lio_index {
+    uint64_t txnid;          /* snapshot it describes */
+    uint64_t root;
+    uint64_t nleaves;
+    uint64_t *leaf_pgno;     /* leaves in key order */
+    uint64_t *first;         /* first[i]: ordinal of leaf i's first record;
+                              * first[nleaves] = the record count */
+    uint64_t pages_read;     /* statistics of the build */
+} lio_index;
+
+int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, const lio_executor *ex,
+                    lio_error *err);
+/* Index from cached arrays (takes ownership of the arrays). */
+int lio_index_adopt(lio_index **out, const lio_meta *snap,
+                    const lio_dbrec *db, uint64_t nleaves, uint64_t *leaf_pgno,
+                    uint64_t *first, lio_error *err);
+/* The leaf holding ordinal `ord` (< record count): O(log leaves). */
+uint64_t lio_index_find(const lio_index *idx, uint64_t ord);
+void lio_index_free(lio_index *idx);
+
+/* ---- bulk record reads ------------------------------------------------- */
+
+typedef struct lio_bulk lio_bulk;
+
+int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
+                  const lio_dbrec *db, const lio_index *idx,
+                  const lio_executor *ex, lio_error *err);
+/* Step 1: read the leaves of these records (any order, repeats allowed)
+ * and size them. */
+int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
+                     uint64_t *key_bytes, uint64_t *value_bytes);
+/* Step 2: copy keys and values out; overflow values are read straight
+ * into vdata.  Offsets arrays hold n+1 entries.  kdata may be NULL to skip
+ * keys (then koff is left alone). */
+int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
+                  int64_t *voff);
+const lio_error *lio_bulk_error(const lio_bulk *b);
+void lio_bulk_close(lio_bulk *b);
+/* Coalescing policy for both steps (defaults: 64 KiB gap, 8 MiB reads). */
+void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read);
+
 /* ---- posix source (io_posix.c) --------------------------------------- */
 
 typedef struct lio_posix lio_posix;
@@ -164,6 +255,16 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
                    lio_error *err);
 void lio_posix_get_source(lio_posix *p, lio_source *src);
 void lio_posix_close(lio_posix *p);
+
+/* A pool of reader threads performing plans with preadv on a posix source
+ * (several requests in flight for high-latency storage).  Requests and
+ * bytes are counted for the benchmarks. */
+typedef struct lio_pool lio_pool;
+int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
+                  lio_error *err);
+void lio_pool_get_executor(lio_pool *pool, lio_executor *ex);
+void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes);
+void lio_pool_close(lio_pool *pool);
 
 #ifdef __cplusplus
 }

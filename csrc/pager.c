@@ -85,7 +85,7 @@ static int refresh_size(lio_env *env, lio_error *err)
 }
 
 /* Is [off, off+len) inside the file?  Re-stat once: a live writer grows it. */
-static int check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
+int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
                         lio_error *err)
 {
     int rc;
@@ -132,7 +132,7 @@ int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
     uint64_t start, end;
     size_t span;
     int rc;
-    if ((rc = check_extent(env, off, len, pgno, err)))
+    if ((rc = lio_check_extent(env, off, len, pgno, err)))
         return rc;
     start = off - off % env->align;
     end = off + len;
@@ -233,7 +233,7 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
     }
     pthread_mutex_unlock(&env->lock);
 
-    if ((rc = check_extent(env, pgno * env->psize, env->psize, pgno, err)))
+    if ((rc = lio_check_extent(env, pgno * env->psize, env->psize, pgno, err)))
         return rc;
     first = pgno;
     count = 1;

@@ -1,0 +1,496 @@
+/* Bulk record reads: records by ordinal, as few and as large reads as the
+ * layout allows.
+ *
+ * Step 1 (prepare) maps ordinals to leaves through the index, reads the
+ * distinct leaves in page order (coalesced), and sizes every record.
+ * Step 2 (fill) copies inline keys and values out of the leaves and reads
+ * overflow values straight into their place in the caller's buffer, the
+ * 16-byte page header of each run landing in a side buffer to be checked. */
+#include <stdlib.h>
+
+#include "core.h"
+
+typedef struct rec {
+    uint64_t ordinal;
+    uint32_t slot;            /* loaded leaf */
+    const uint8_t *key;
+    uint32_t ksize;
+    const uint8_t *val;       /* inline value, NULL for overflow */
+    uint64_t vsize;
+    uint64_t ovpg;            /* first overflow page, 0 if inline */
+    int64_t arena_at;         /* value copied to the arena, else -1 */
+} rec;
+
+struct lio_bulk {
+    lio_env *env;
+    lio_meta snap;
+    lio_dbrec db;
+    const lio_index *idx;
+    lio_executor ex;
+    lio_error err;
+    lio_plan plan;
+    size_t max_gap, max_read;
+    int dupsort;
+    /* leaves of the current batch */
+    uint64_t *leaves;         /* leaf numbers (index positions), sorted */
+    size_t nleaves, leaves_cap;
+    uint8_t *leafbuf;
+    size_t leafbuf_pages;
+    /* records of the current batch */
+    rec *recs;
+    size_t nrecs, recs_cap;
+    /* duplicates that live in a sub-database are copied out here */
+    uint8_t *arena;
+    size_t arena_len, arena_cap;
+    lio_cursor *dupcur;
+    /* overflow reads: (first page, record) pairs sorted by page */
+    uint64_t *ov_order;
+    uint8_t *ov_hdr;
+    size_t ov_cap;
+};
+
+static int oom(lio_bulk *b)
+{
+    return lio_fail(&b->err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+}
+
+static int reserve(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    void *p;
+    size_t ncap;
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap : 64;
+    while (ncap < need)
+        ncap *= 2;
+    p = realloc(*arr, ncap * elem);
+    if (!p)
+        return -1;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
+                  const lio_dbrec *db, const lio_index *idx,
+                  const lio_executor *ex, lio_error *err)
+{
+    lio_bulk *b = calloc(1, sizeof *b);
+    *out = NULL;
+    if (!b)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    if (idx->txnid != snap->txnid || idx->root != db->root) {
+        free(b);
+        return lio_fail(err, LIO_EINVAL, LIO_NO_PAGE,
+                        "the record index describes another snapshot");
+    }
+    b->env = env;
+    b->snap = *snap;
+    b->db = *db;
+    b->idx = idx;
+    b->ex = *ex;
+    b->dupsort = (db->flags & LIO_DUPSORT) != 0;
+    b->max_gap = 64u << 10;
+    b->max_read = 8u << 20;
+    lio_plan_init(&b->plan, b->max_gap, b->max_read);
+    *out = b;
+    return LIO_SUCCESS;
+}
+
+void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
+{
+    lio_plan_free(&b->plan);
+    b->max_gap = max_gap;
+    b->max_read = max_read;
+    lio_plan_init(&b->plan, max_gap, max_read);
+}
+
+const lio_error *lio_bulk_error(const lio_bulk *b) { return &b->err; }
+
+void lio_bulk_close(lio_bulk *b)
+{
+    if (!b)
+        return;
+    lio_plan_free(&b->plan);
+    free(b->leaves);
+    free(b->leafbuf);
+    free(b->recs);
+    free(b->arena);
+    free(b->ov_order);
+    free(b->ov_hdr);
+    lio_cursor_close(b->dupcur);
+    free(b);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Load the distinct leaves of the batch, in page order. */
+static int load_leaves(lio_bulk *b)
+{
+    lio_env *env = b->env;
+    const lio_index *idx = b->idx;
+    size_t *by_page;
+    int rc;
+
+    if (b->nleaves > b->leafbuf_pages) {
+        uint8_t *nb;
+        if (posix_memalign((void **)&nb, 4096, b->nleaves * env->psize))
+            return oom(b);
+        free(b->leafbuf);
+        b->leafbuf = nb;
+        b->leafbuf_pages = b->nleaves;
+    }
+    /* Read order: by page number; buffer slot: by key order. */
+    by_page = malloc(b->nleaves * sizeof *by_page);
+    if (!by_page)
+        return oom(b);
+    {
+        uint64_t *keyed = malloc(b->nleaves * 2 * sizeof *keyed);
+        if (!keyed) {
+            free(by_page);
+            return oom(b);
+        }
+        for (size_t i = 0; i < b->nleaves; i++) {
+            keyed[2 * i] = idx->leaf_pgno[b->leaves[i]];
+            keyed[2 * i + 1] = i;
+        }
+        qsort(keyed, b->nleaves, 2 * sizeof *keyed, cmp_u64);
+        for (size_t i = 0; i < b->nleaves; i++)
+            by_page[i] = (size_t)keyed[2 * i + 1];
+        free(keyed);
+    }
+    lio_plan_reset(&b->plan);
+    for (size_t i = 0; i < b->nleaves; i++) {
+        size_t slot = by_page[i];
+        uint64_t pg = idx->leaf_pgno[b->leaves[slot]];
+        if ((rc = lio_check_extent(env, pg * env->psize, env->psize, pg,
+                                   &b->err)))
+            goto out;
+        if ((rc = lio_plan_add(&b->plan, pg * env->psize,
+                               b->leafbuf + slot * env->psize, env->psize))) {
+            rc = lio_fail(&b->err, rc, pg, "page %llu: cannot plan its read",
+                          (unsigned long long)pg);
+            goto out;
+        }
+    }
+    if ((rc = b->ex.run(b->ex.ctx, &b->plan, &b->err)))
+        goto out;
+    for (size_t slot = 0; slot < b->nleaves; slot++) {
+        const uint8_t *p = b->leafbuf + slot * env->psize;
+        uint64_t leaf = b->leaves[slot], pg = idx->leaf_pgno[leaf];
+        uint64_t want = idx->first[leaf + 1] - idx->first[leaf], have;
+        if ((rc = lio_check_leaf_header(p, env->psize, pg, &b->err)) ||
+            (rc = lio_check_page(p, env->psize, pg, 0, &b->err)))
+            goto out;
+        if (b->dupsort) {
+            if ((rc = lio_leaf_dup_records(p, env->psize, pg, &have, &b->err)))
+                goto out;
+        } else {
+            have = pg_numkeys(p);
+        }
+        if (have != want) {
+            rc = lio_fail(&b->err, LIO_CORRUPTED, pg,
+                          "page %llu holds %llu records where the index says "
+                          "%llu (a stale index, or the file changed)",
+                          (unsigned long long)pg, (unsigned long long)have,
+                          (unsigned long long)want);
+            goto out;
+        }
+    }
+out:
+    free(by_page);
+    return rc;
+}
+
+static int arena_put(lio_bulk *b, const lio_val *v, uint64_t *at)
+{
+    if (reserve((void **)&b->arena, &b->arena_cap, b->arena_len + v->size, 1))
+        return oom(b);
+    memcpy(b->arena + b->arena_len, v->data, v->size);
+    *at = b->arena_len;
+    b->arena_len += v->size;
+    return LIO_SUCCESS;
+}
+
+/* Duplicate number `dup` of the key in a sub-database, via a cursor. */
+static int subdb_dup(lio_bulk *b, const uint8_t *key, uint32_t ksize,
+                     uint64_t dup, rec *r)
+{
+    lio_val k = {key, ksize}, v;
+    uint64_t at = 0;
+    int rc;
+    if (!b->dupcur &&
+        (rc = lio_cursor_open(&b->dupcur, b->env, &b->snap, &b->db, &b->err)))
+        return rc;
+    rc = lio_cursor_get(b->dupcur, &k, &v, LIO_SET_KEY);
+    for (uint64_t i = 0; rc == 0 && i < dup; i++)
+        rc = lio_cursor_get(b->dupcur, &k, &v, LIO_NEXT_DUP);
+    if (rc) {
+        if (rc == LIO_NOTFOUND)
+            return lio_fail(&b->err, LIO_CORRUPTED, LIO_NO_PAGE,
+                            "a duplicate sub-database holds fewer values "
+                            "than its record counts");
+        b->err = *lio_cursor_error(b->dupcur);
+        return rc;
+    }
+    if ((rc = arena_put(b, &v, &at)))
+        return rc;
+    r->val = NULL;
+    r->vsize = v.size;
+    r->arena_at = (int64_t)at; /* a pointer once the arena stops moving */
+    return LIO_SUCCESS;
+}
+
+/* Find the node (and duplicate) holding record `rank` of a loaded leaf. */
+static int locate(lio_bulk *b, const uint8_t *p, uint64_t pg, uint64_t rank,
+                  rec *r)
+{
+    lio_env *env = b->env;
+    unsigned n = pg_numkeys(p), i = 0;
+    uint64_t dup = 0;
+    const uint8_t *nd;
+    uint16_t f;
+
+    r->arena_at = -1;
+    if (!b->dupsort) {
+        i = (unsigned)rank;
+    } else {
+        for (i = 0; i < n; i++) {
+            uint64_t c = 1;
+            nd = pg_node(p, i);
+            if (nd_flags(nd) & F_DUPDATA) {
+                if (nd_flags(nd) & F_SUBDATA) {
+                    lio_dbrec rec;
+                    lio_parse_dbrec(nd_data(nd), &rec);
+                    c = rec.entries;
+                } else {
+                    c = pg_numkeys(nd_data(nd));
+                }
+            }
+            if (rank < c) {
+                dup = rank;
+                break;
+            }
+            rank -= c;
+        }
+    }
+    if (i >= n)
+        return lio_fail(&b->err, LIO_CORRUPTED, pg,
+                        "page %llu: record past the leaf's nodes",
+                        (unsigned long long)pg);
+    nd = pg_node(p, i);
+    f = nd_flags(nd);
+    r->key = nd_key(nd);
+    r->ksize = nd_ksize(nd);
+    r->ovpg = 0;
+    if ((f & F_DUPDATA) && !b->dupsort)
+        return lio_fail(&b->err, LIO_CORRUPTED, pg,
+                        "page %llu: node has F_DUPDATA in a database without "
+                        "DUPSORT", (unsigned long long)pg);
+    if (f & F_BIGDATA) {
+        uint64_t ov = ld64(nd_data(nd)), size = nd_dsize(nd);
+        uint64_t need = (PAGEHDRSZ + size + env->psize - 1) / env->psize;
+        if (ov < 2 || ov > b->snap.last_pg ||
+            need > b->snap.last_pg - ov + 1)
+            return lio_fail(&b->err, ov < 2 ? LIO_CORRUPTED
+                            : LIO_PAGE_NOTFOUND, ov,
+                            "page %llu: overflow value of %llu bytes runs past "
+                            "the snapshot's last page %llu",
+                            (unsigned long long)ov, (unsigned long long)size,
+                            (unsigned long long)b->snap.last_pg);
+        /* Before anyone allocates for it: a bogus size must fail here. */
+        if (lio_check_extent(env, ov * env->psize, PAGEHDRSZ + (size_t)size,
+                             ov, &b->err))
+            return b->err.code;
+        r->val = NULL;
+        r->vsize = size;
+        r->ovpg = ov;
+    } else if (f & F_DUPDATA) {
+        if (f & F_SUBDATA) {
+            int rc = subdb_dup(b, r->key, r->ksize, dup, r);
+            if (rc)
+                return rc;
+        } else {
+            const uint8_t *sp = nd_data(nd);
+            if (pg_flags(sp) & P_LEAF2) {
+                r->vsize = pg_pad(sp);
+                r->val = sp + PAGEHDRSZ + dup * pg_pad(sp);
+                if (PAGEHDRSZ + (dup + 1) * pg_pad(sp) > nd_dsize(nd))
+                    return lio_fail(&b->err, LIO_CORRUPTED, pg,
+                                    "page %llu: LEAF2 sub-page keys run past "
+                                    "the node", (unsigned long long)pg);
+            } else {
+                const uint8_t *sn = pg_node(sp, (unsigned)dup);
+                r->vsize = nd_ksize(sn);
+                r->val = nd_key(sn);
+            }
+        }
+    } else {
+        r->val = nd_data(nd);
+        r->vsize = nd_dsize(nd);
+    }
+    return LIO_SUCCESS;
+}
+
+int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
+                     uint64_t *key_bytes, uint64_t *value_bytes)
+{
+    const lio_index *idx = b->idx;
+    uint64_t total = idx->first[idx->nleaves], kb = 0, vb = 0;
+    uint64_t *leafof;
+    int rc = LIO_SUCCESS;
+
+    b->err.code = 0;
+    b->nrecs = 0;
+    b->nleaves = 0;
+    b->arena_len = 0;
+    if (reserve((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
+        return oom(b);
+    leafof = malloc((n ? n : 1) * sizeof *leafof);
+    if (!leafof)
+        return oom(b);
+    for (size_t i = 0; i < n; i++) {
+        if (ordinals[i] < 0 || (uint64_t)ordinals[i] >= total) {
+            rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                          "record ordinal %lld is out of range (%llu records)",
+                          (long long)ordinals[i], (unsigned long long)total);
+            goto out;
+        }
+        leafof[i] = lio_index_find(idx, (uint64_t)ordinals[i]);
+        b->recs[i].ordinal = (uint64_t)ordinals[i];
+    }
+    /* Distinct leaves, in key order. */
+    if (reserve((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
+                sizeof *b->leaves)) {
+        rc = oom(b);
+        goto out;
+    }
+    memcpy(b->leaves, leafof, n * sizeof *leafof);
+    qsort(b->leaves, n, sizeof *b->leaves, cmp_u64);
+    for (size_t i = 0; i < n; i++)
+        if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
+            b->leaves[b->nleaves++] = b->leaves[i];
+    if ((rc = load_leaves(b)))
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        rec *r = &b->recs[i];
+        size_t lo = 0, hi = b->nleaves;
+        while (hi - lo > 1) { /* slot of leafof[i] */
+            size_t mid = (lo + hi) / 2;
+            if (b->leaves[mid] <= leafof[i])
+                lo = mid;
+            else
+                hi = mid;
+        }
+        r->slot = (uint32_t)lo;
+        rc = locate(b, b->leafbuf + lo * b->env->psize,
+                    idx->leaf_pgno[leafof[i]],
+                    r->ordinal - idx->first[leafof[i]], r);
+        if (rc)
+            goto out;
+        kb += r->ksize;
+        vb += r->vsize;
+    }
+    /* Arena offsets become pointers now that it has stopped growing. */
+    for (size_t i = 0; i < n; i++)
+        if (b->recs[i].arena_at >= 0)
+            b->recs[i].val = b->arena + b->recs[i].arena_at;
+    b->nrecs = n;
+    *key_bytes = kb;
+    *value_bytes = vb;
+out:
+    free(leafof);
+    return rc;
+}
+
+int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
+                  int64_t *voff)
+{
+    lio_env *env = b->env;
+    size_t n = b->nrecs, nov = 0;
+    int64_t kpos = 0, vpos = 0;
+    int rc;
+
+    b->err.code = 0;
+    if (kdata)
+        koff[0] = 0;
+    voff[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        rec *r = &b->recs[i];
+        if (kdata) {
+            memcpy(kdata + kpos, r->key, r->ksize);
+            kpos += r->ksize;
+            koff[i + 1] = kpos;
+        }
+        if (r->ovpg)
+            nov++;
+        else
+            memcpy(vdata + vpos, r->val, (size_t)r->vsize);
+        vpos += (int64_t)r->vsize;
+        voff[i + 1] = vpos;
+    }
+    if (!nov)
+        return LIO_SUCCESS;
+    if (nov > b->ov_cap) {
+        uint64_t *o = realloc(b->ov_order, nov * 2 * sizeof *o);
+        uint8_t *h = o ? realloc(b->ov_hdr, nov * PAGEHDRSZ) : NULL;
+        if (o)
+            b->ov_order = o;
+        if (!h)
+            return oom(b);
+        b->ov_hdr = h;
+        b->ov_cap = nov;
+    }
+    nov = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (b->recs[i].ovpg) {
+            b->ov_order[2 * nov] = b->recs[i].ovpg;
+            b->ov_order[2 * nov + 1] = i;
+            nov++;
+        }
+    }
+    qsort(b->ov_order, nov, 2 * sizeof *b->ov_order, cmp_u64);
+    lio_plan_reset(&b->plan);
+    for (size_t j = 0; j < nov; j++) {
+        size_t i = (size_t)b->ov_order[2 * j + 1];
+        rec *r = &b->recs[i];
+        uint64_t off = r->ovpg * env->psize;
+        if (j && b->ov_order[2 * (j - 1)] == r->ovpg)
+            continue; /* the same value twice: copied after the reads */
+        if ((rc = lio_plan_add(&b->plan, off, b->ov_hdr + j * PAGEHDRSZ,
+                               PAGEHDRSZ)) ||
+            (rc = lio_plan_add(&b->plan, off + PAGEHDRSZ, vdata + voff[i],
+                               (size_t)r->vsize)))
+            return lio_fail(&b->err, rc, r->ovpg,
+                            "page %llu: overflow runs overlap",
+                            (unsigned long long)r->ovpg);
+    }
+    if ((rc = b->ex.run(b->ex.ctx, &b->plan, &b->err)))
+        return rc;
+    for (size_t j = 0; j < nov; j++) {
+        size_t i = (size_t)b->ov_order[2 * j + 1];
+        rec *r = &b->recs[i];
+        const uint8_t *h = b->ov_hdr + j * PAGEHDRSZ;
+        uint64_t need = (PAGEHDRSZ + r->vsize + env->psize - 1) / env->psize;
+        if (j && b->ov_order[2 * (j - 1)] == r->ovpg) {
+            size_t prev = (size_t)b->ov_order[2 * (j - 1) + 1];
+            memcpy(vdata + voff[i], vdata + voff[prev], (size_t)r->vsize);
+            memcpy(b->ov_hdr + j * PAGEHDRSZ, h - PAGEHDRSZ, PAGEHDRSZ);
+            continue;
+        }
+        if (pg_pgno(h) != r->ovpg || pg_flags(h) != P_OVERFLOW ||
+            pg_ovpages(h) < need)
+            return lio_fail(&b->err, LIO_CORRUPTED, r->ovpg,
+                            "page %llu: not an overflow run that can hold a "
+                            "%llu-byte value (page number %llu, flags 0x%x, "
+                            "%u pages)", (unsigned long long)r->ovpg,
+                            (unsigned long long)r->vsize,
+                            (unsigned long long)pg_pgno(h), pg_flags(h),
+                            pg_ovpages(h));
+    }
+    return LIO_SUCCESS;
+}

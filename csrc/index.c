@@ -1,0 +1,359 @@
+/* The record index: ordinal -> leaf in O(log leaves), without walking.
+ *
+ * LMDB's branch pages hold no subtree counts, so the index is built once
+ * per snapshot from the branch levels (few pages) and the leaves' 16-byte
+ * headers (whole leaves for DUPSORT trees, whose duplicates count), level
+ * by level, each level read in page order through the executor. */
+#include <stdlib.h>
+
+#include "core.h"
+
+#define CHUNK_PAGES 256      /* whole pages per executor round */
+#define CHUNK_HEADERS 8192   /* leaf headers per executor round */
+
+int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                          lio_error *err)
+{
+    uint16_t lower = pg_lower(p), upper = pg_upper(p);
+    if (pg_pgno(p) != pgno)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu carries page number %llu in its header",
+                        (unsigned long long)pgno,
+                        (unsigned long long)pg_pgno(p));
+    if (pg_flags(p) != P_LEAF)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu has flags 0x%x where the tree's depth puts "
+                        "a leaf", (unsigned long long)pgno, pg_flags(p));
+    if (lower <= PAGEHDRSZ || lower > upper || upper > psize || (lower & 1))
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu: bad free-space bounds lower=%u upper=%u",
+                        (unsigned long long)pgno, lower, upper);
+    return LIO_SUCCESS;
+}
+
+int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                         uint64_t *count, lio_error *err)
+{
+    unsigned n = pg_numkeys(p);
+    uint64_t total = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t *nd = pg_node(p, i);
+        uint16_t f = nd_flags(nd);
+        if (!(f & F_DUPDATA)) {
+            total++;
+        } else if (f & F_SUBDATA) {
+            lio_dbrec rec;
+            lio_parse_dbrec(nd_data(nd), &rec);
+            if (rec.entries == 0 || rec.root == LIO_EMPTY_ROOT)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "page %llu: node %u has an empty duplicate "
+                                "sub-database", (unsigned long long)pgno, i);
+            total += rec.entries;
+        } else {
+            const uint8_t *sp = nd_data(nd);
+            int rc = lio_check_page(sp, nd_dsize(nd), pgno, 1, err);
+            if (rc)
+                return rc;
+            total += pg_numkeys(sp);
+        }
+    }
+    (void)psize;
+    *count = total;
+    return LIO_SUCCESS;
+}
+
+typedef struct {
+    uint64_t pgno;
+    uint64_t pos;    /* position in key order within the level */
+} pg_pos;
+
+static int by_pgno(const void *a, const void *b)
+{
+    uint64_t x = ((const pg_pos *)a)->pgno, y = ((const pg_pos *)b)->pgno;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
+{
+    uint64_t lo = 0, hi = idx->nleaves; /* first[lo] <= ord < first[hi] */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (idx->first[mid] <= ord)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void lio_index_free(lio_index *idx)
+{
+    if (!idx)
+        return;
+    free(idx->leaf_pgno);
+    free(idx->first);
+    free(idx);
+}
+
+int lio_index_adopt(lio_index **out, const lio_meta *snap,
+                    const lio_dbrec *db, uint64_t nleaves, uint64_t *leaf_pgno,
+                    uint64_t *first, lio_error *err)
+{
+    lio_index *idx = calloc(1, sizeof *idx);
+    *out = NULL;
+    if (!idx) {
+        free(leaf_pgno);
+        free(first);
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    }
+    idx->txnid = snap->txnid;
+    idx->root = db->root;
+    idx->nleaves = nleaves;
+    idx->leaf_pgno = leaf_pgno;
+    idx->first = first;
+    for (uint64_t i = 0; i < nleaves; i++) {
+        if (first[i + 1] <= first[i] || leaf_pgno[i] < 2 ||
+            leaf_pgno[i] > snap->last_pg) {
+            lio_index_free(idx);
+            return lio_fail(err, LIO_CORRUPTED, LIO_NO_PAGE,
+                            "record index entry %llu is inconsistent",
+                            (unsigned long long)i);
+        }
+    }
+    if (first[0] != 0 || first[nleaves] != db->entries) {
+        unsigned long long counted = first[nleaves];
+        lio_index_free(idx);
+        return lio_fail(err, LIO_CORRUPTED, db->root,
+                        "page %llu: the tree holds %llu records, its database "
+                        "record says %llu", (unsigned long long)db->root,
+                        counted, (unsigned long long)db->entries);
+    }
+    *out = idx;
+    return LIO_SUCCESS;
+}
+
+/* Read one level's pages (headers only where hdr_only) and collect either
+ * the children (branch level) or the record counts (leaf level). */
+static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                      const lio_executor *ex, lio_plan *plan,
+                      const uint64_t *level, uint64_t n, int leaf_level,
+                      uint64_t **next_out, uint64_t *next_n, uint64_t *counts,
+                      uint64_t *pages_read, lio_error *err)
+{
+    int dupsort = (db->flags & LIO_DUPSORT) != 0;
+    int hdr_only = leaf_level && !dupsort;
+    size_t sz = hdr_only ? PAGEHDRSZ : env->psize;
+    size_t chunk = hdr_only ? CHUNK_HEADERS : CHUNK_PAGES;
+    pg_pos *order = malloc(n * sizeof *order);
+    uint32_t *nkeys = NULL;
+    uint8_t *buf = NULL;
+    uint64_t *kids = NULL; /* (pos, index) -> child, placed after the scan */
+    uint64_t *kid_pos = NULL, nkids = 0, kids_cap = 0;
+    int rc = LIO_SUCCESS;
+
+    if (!order)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    for (uint64_t i = 0; i < n; i++) {
+        order[i].pgno = level[i];
+        order[i].pos = i;
+    }
+    qsort(order, n, sizeof *order, by_pgno);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t pg = order[i].pgno;
+        if (i && order[i - 1].pgno == pg) {
+            rc = lio_fail(err, LIO_CORRUPTED, pg,
+                          "page %llu is reached twice from the branch pages",
+                          (unsigned long long)pg);
+            goto out;
+        }
+        if (pg < 2 || pg > snap->last_pg) {
+            rc = lio_fail(err, pg < 2 ? LIO_CORRUPTED : LIO_PAGE_NOTFOUND, pg,
+                          "page %llu: a branch points %s",
+                          (unsigned long long)pg, pg < 2 ? "at a meta page"
+                          : "past the snapshot's last page");
+            goto out;
+        }
+    }
+    if (!leaf_level && !(nkeys = calloc(n, sizeof *nkeys))) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto out;
+    }
+    if (posix_memalign((void **)&buf, 4096, chunk * sz)) {
+        buf = NULL;
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto out;
+    }
+    for (uint64_t c0 = 0; c0 < n; c0 += chunk) {
+        uint64_t cn = n - c0 < chunk ? n - c0 : chunk;
+        lio_plan_reset(plan);
+        for (uint64_t j = 0; j < cn; j++) {
+            uint64_t pg = order[c0 + j].pgno;
+            if ((rc = lio_check_extent(env, pg * env->psize, sz, pg, err)))
+                goto out;
+            if ((rc = lio_plan_add(plan, pg * env->psize, buf + j * sz, sz))) {
+                rc = lio_fail(err, rc, pg, "cannot plan the read of page %llu",
+                              (unsigned long long)pg);
+                goto out;
+            }
+        }
+        if ((rc = ex->run(ex->ctx, plan, err)))
+            goto out;
+        *pages_read += cn;
+        for (uint64_t j = 0; j < cn; j++) {
+            const uint8_t *p = buf + j * sz;
+            uint64_t pg = order[c0 + j].pgno, pos = order[c0 + j].pos;
+            if (hdr_only) {
+                if ((rc = lio_check_leaf_header(p, env->psize, pg, err)))
+                    goto out;
+                counts[pos] = pg_numkeys(p);
+                continue;
+            }
+            if (pg_pgno(p) != pg) {
+                rc = lio_fail(err, LIO_CORRUPTED, pg,
+                              "page %llu carries page number %llu in its "
+                              "header", (unsigned long long)pg,
+                              (unsigned long long)pg_pgno(p));
+                goto out;
+            }
+            if ((rc = lio_check_page(p, env->psize, pg, 0, err)))
+                goto out;
+            if (((pg_flags(p) & P_LEAF) != 0) != leaf_level ||
+                (pg_flags(p) & P_LEAF2)) {
+                rc = lio_fail(err, LIO_CORRUPTED, pg,
+                              "page %llu: a %s page where the tree's depth "
+                              "puts a %s", (unsigned long long)pg,
+                              (pg_flags(p) & P_LEAF) ? "leaf" : "branch",
+                              leaf_level ? "leaf" : "branch");
+                goto out;
+            }
+            if (leaf_level) {
+                if ((rc = lio_leaf_dup_records(p, env->psize, pg, &counts[pos],
+                                               err)))
+                    goto out;
+                continue;
+            }
+            nkeys[pos] = pg_numkeys(p);
+            for (unsigned k = 0; k < nkeys[pos]; k++) {
+                if (nkids + 1 > kids_cap) {
+                    uint64_t ncap = kids_cap ? kids_cap * 2 : 1024;
+                    uint64_t *a = realloc(kids, ncap * sizeof *a);
+                    uint64_t *b = a ? realloc(kid_pos, ncap * sizeof *b) : NULL;
+                    if (a)
+                        kids = a;
+                    if (!b) {
+                        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE,
+                                      "out of memory");
+                        goto out;
+                    }
+                    kid_pos = b;
+                    kids_cap = ncap;
+                }
+                kids[nkids] = nd_child(pg_node(p, k));
+                kid_pos[nkids] = pos;
+                nkids++;
+            }
+        }
+    }
+    if (!leaf_level) {
+        /* Children in key order: parents in level order, then node order. */
+        uint64_t *start = malloc((n + 1) * sizeof *start), *next;
+        if (!start) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto out;
+        }
+        start[0] = 0;
+        for (uint64_t i = 0; i < n; i++)
+            start[i + 1] = start[i] + nkeys[i];
+        next = malloc((nkids ? nkids : 1) * sizeof *next);
+        if (!next) {
+            free(start);
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto out;
+        }
+        for (uint64_t i = 0; i < nkids; i++)
+            next[start[kid_pos[i]]++] = kids[i];
+        free(start);
+        *next_out = next;
+        *next_n = nkids;
+    }
+out:
+    free(order);
+    free(nkeys);
+    free(buf);
+    free(kids);
+    free(kid_pos);
+    return rc;
+}
+
+int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, const lio_executor *ex,
+                    lio_error *err)
+{
+    uint64_t *level, n = 1, *counts = NULL, *first = NULL, pages_read = 0;
+    lio_plan plan;
+    int rc = LIO_SUCCESS;
+
+    *out = NULL;
+    if (db->root == LIO_EMPTY_ROOT) {
+        level = malloc(sizeof *level);
+        first = calloc(1, sizeof *first);
+        if (!level || !first) {
+            free(level);
+            free(first);
+            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        }
+        return lio_index_adopt(out, snap, db, 0, level, first, err);
+    }
+    if (db->depth == 0 || db->depth > LIO_MAX_DEPTH)
+        return lio_fail(err, LIO_CORRUPTED, db->root,
+                        "page %llu: tree has impossible depth %u",
+                        (unsigned long long)db->root, db->depth);
+    level = malloc(sizeof *level);
+    if (!level)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    level[0] = db->root;
+    lio_plan_init(&plan, 0, 8u << 20);
+    for (unsigned d = 0; d < db->depth; d++) {
+        int leaf_level = d + 1 == db->depth;
+        uint64_t *next = NULL, next_n = 0;
+        if (n > snap->last_pg) {
+            rc = lio_fail(err, LIO_CORRUPTED, db->root,
+                          "page %llu: level %u of the tree has %llu pages, "
+                          "more than the file", (unsigned long long)db->root,
+                          d, (unsigned long long)n);
+            break;
+        }
+        if (leaf_level && !(counts = malloc(n * sizeof *counts))) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            break;
+        }
+        rc = scan_level(env, snap, db, ex, &plan, level, n, leaf_level, &next,
+                        &next_n, counts, &pages_read, err);
+        if (rc || leaf_level)
+            break;
+        free(level);
+        level = next;
+        n = next_n;
+    }
+    lio_plan_free(&plan);
+    if (rc == LIO_SUCCESS) {
+        first = malloc((n + 1) * sizeof *first);
+        if (!first) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        } else {
+            first[0] = 0;
+            for (uint64_t i = 0; i < n; i++)
+                first[i + 1] = first[i] + counts[i];
+        }
+    }
+    free(counts);
+    if (rc) {
+        free(level);
+        free(first);
+        return rc;
+    }
+    rc = lio_index_adopt(out, snap, db, n, level, first, err);
+    if (rc == LIO_SUCCESS)
+        (*out)->pages_read = pages_read;
+    return rc;
+}

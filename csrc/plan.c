@@ -1,0 +1,102 @@
+/* Read plans: requests in ascending file order, coalesced into few large
+ * scatter reads (design.md: "merge adjacent and nearly adjacent extents"). */
+#include <stdlib.h>
+
+#include "core.h"
+
+#define MAX_SEGS_PER_READ 1024 /* IOV_MAX on Linux */
+
+void lio_plan_init(lio_plan *plan, size_t max_gap, size_t max_read)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->max_gap = max_gap;
+    plan->max_read = max_read ? max_read : (8u << 20);
+    if (max_gap)
+        plan->sink = malloc(max_gap);
+    if (!plan->sink)
+        plan->max_gap = 0;
+}
+
+void lio_plan_reset(lio_plan *plan)
+{
+    plan->nreads = plan->nsegs = 0;
+    plan->bytes = 0;
+}
+
+void lio_plan_free(lio_plan *plan)
+{
+    free(plan->reads);
+    free(plan->segs);
+    free(plan->sink);
+    memset(plan, 0, sizeof *plan);
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap;
+    void *p;
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    p = realloc(*arr, ncap * elem);
+    if (!p)
+        return -1;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+static int add_seg(lio_plan *plan, uint8_t *dst, size_t len)
+{
+    lio_read *r = &plan->reads[plan->nreads - 1];
+    if (r->nseg) {
+        lio_seg *last = &plan->segs[plan->nsegs - 1];
+        if (last->dst + last->len == dst && dst != plan->sink) {
+            last->len += len;
+            r->len += len;
+            plan->bytes += len;
+            return 0;
+        }
+    }
+    if (grow((void **)&plan->segs, &plan->segs_cap, plan->nsegs + 1,
+             sizeof *plan->segs))
+        return LIO_ENOMEM;
+    plan->segs[plan->nsegs].dst = dst;
+    plan->segs[plan->nsegs].len = len;
+    plan->nsegs++;
+    r->nseg++;
+    r->len += len;
+    plan->bytes += len;
+    return 0;
+}
+
+int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
+{
+    if (len == 0)
+        return 0;
+    if (plan->nreads) {
+        lio_read *r = &plan->reads[plan->nreads - 1];
+        uint64_t end = r->off + r->len;
+        if (off < end)
+            return LIO_EINVAL; /* overlapping or unsorted requests */
+        if (off - end <= plan->max_gap &&
+            r->len + (off - end) + len <= plan->max_read &&
+            r->nseg + 2 <= MAX_SEGS_PER_READ) {
+            int rc = 0;
+            if (off > end)
+                rc = add_seg(plan, plan->sink, (size_t)(off - end));
+            return rc ? rc : add_seg(plan, dst, len);
+        }
+    }
+    if (grow((void **)&plan->reads, &plan->reads_cap, plan->nreads + 1,
+             sizeof *plan->reads))
+        return LIO_ENOMEM;
+    plan->reads[plan->nreads].off = off;
+    plan->reads[plan->nreads].first_seg = plan->nsegs;
+    plan->reads[plan->nreads].nseg = 0;
+    plan->reads[plan->nreads].len = 0;
+    plan->nreads++;
+    return add_seg(plan, dst, len);
+}
