@@ -88,6 +88,7 @@ typedef struct lk_file {
     ino_t ino;
     int fd;
     unsigned refs;          /* open lio_lock handles; 0 = parked */
+    int inherited;          /* from the parent across fork(): never reuse */
     int posix0;             /* scratch: /proc/locks shows our byte-0 lock */
     lk_table *t;            /* mapping, NULL while parked */
     size_t mapsize;
@@ -109,6 +110,7 @@ struct lio_lock {
 
 static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
 static lk_file *g_files;
+static pid_t g_reg_pid;     /* the process the registry belongs to */
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -312,7 +314,9 @@ static void reg_unlink(lk_file *f)
 }
 
 /* Closing the descriptor is safe only if no liblmdb env of this process
- * holds its byte-0 lock on the file: close() would drop it. */
+ * holds its byte-0 lock on the file: close() would drop it.  (Closing an
+ * inherited descriptor never releases the parent's OFD lock while the
+ * parent still has the description open.) */
 static void sweep_parked(void)
 {
     lk_file *f, *next;
@@ -329,6 +333,32 @@ static void sweep_parked(void)
             reg_unlink(f);
         }
     }
+}
+
+/* After fork() the child must neither use nor release what it inherited:
+ * the descriptors share the parent's open file descriptions, so an OFD
+ * lock taken through one is the parent's lock (a child could even "win"
+ * byte 0 exclusively and re-initialize the parent's table), and unlocking
+ * would drop the parent's.  Mark everything inherited: unmapped, never
+ * reused, closed once that is safe and the inherited handles (refs) are
+ * closed; they still point at the entry. */
+static void reg_check_fork(void)
+{
+    pid_t me = getpid();
+    lk_file *f;
+    if (g_reg_pid == me)
+        return;
+    if (g_reg_pid != 0) {
+        for (f = g_files; f; f = f->next) {
+            if (f->inherited)
+                continue;
+            f->inherited = 1;
+            if (f->t)
+                munmap((void *)f->t, f->mapsize);
+            f->t = NULL;
+        }
+    }
+    g_reg_pid = me;
 }
 
 /* The last handle on f went away (or attaching failed): unmap, release the
@@ -510,10 +540,11 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
     }
 
     pthread_mutex_lock(&g_reg);
+    reg_check_fork();
     sweep_parked();
     if (stat(lock_path, &st) == 0) {
         for (f = g_files; f; f = f->next)
-            if (f->dev == st.st_dev && f->ino == st.st_ino)
+            if (!f->inherited && f->dev == st.st_dev && f->ino == st.st_ino)
                 break;
     }
     if (!f) {
@@ -538,7 +569,7 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
             goto fail;
         }
         for (g = g_files; g; g = g->next)
-            if (g->dev == st.st_dev && g->ino == st.st_ino)
+            if (!g->inherited && g->dev == st.st_dev && g->ino == st.st_ino)
                 break;
         if (g) {
             /* The path was replaced under us by a file we already hold.
@@ -588,8 +619,11 @@ fail:
  * another reader taken it; then it is not ours to touch). */
 static void drop_slot(lk_file *f, unsigned idx, int keep)
 {
-    lk_slot *s = &f->t->slots[idx];
+    lk_slot *s;
     pid_t me = f->pid;
+    if (!f->t || me != getpid()) /* a handle inherited across fork() */
+        return;
+    s = &f->t->slots[idx];
     if (LD(&s->b.pid) != me)
         return;
     ST(&s->b.txnid, LK_IDLE);
@@ -616,10 +650,22 @@ void lio_lock_close(lio_lock *lk)
     pthread_mutex_destroy(&lk->mu);
 
     pthread_mutex_lock(&g_reg);
-    if (--f->refs == 0)
-        release_file(f);
+    reg_check_fork();
+    if (--f->refs == 0) {
+        if (f->inherited)
+            sweep_parked();
+        else
+            release_file(f);
+    }
     pthread_mutex_unlock(&g_reg);
     free(lk);
+}
+
+static int forked_err(const lk_file *f, lio_error *err)
+{
+    return set_err(err, LIO_EINVAL, EINVAL,
+                   "lock file %s: lock handle inherited across fork(); "
+                   "open the environment again in this process", f->path);
 }
 
 /* mdb_reader_pid(Pidset).  Process-owned, shared with any liblmdb env of
@@ -693,6 +739,8 @@ int lio_lock_reader_begin(lio_lock *lk, lio_reader **slot, uint64_t *txnid,
         return set_err(err, LIO_EINVAL, EINVAL,
                        "lio_lock_reader_begin: bad argument");
     f = lk->f;
+    if (!f->t || f->pid != getpid())
+        return forked_err(f, err);
     r = *slot;
     if (r) {
         lk_slot *s = &f->t->slots[r->idx];
@@ -747,6 +795,8 @@ int lio_lock_reader_refresh(lio_lock *lk, lio_reader *slot, uint64_t *txnid,
         return set_err(err, LIO_EINVAL, EINVAL,
                        "lio_lock_reader_refresh: bad argument");
     f = lk->f;
+    if (!f->t || f->pid != getpid())
+        return forked_err(f, err);
     rc = assert_pid_lock(f, err);
     if (rc)
         return rc;
@@ -795,12 +845,12 @@ unsigned lio_lock_max_readers(const lio_lock *lk)
 
 unsigned lio_lock_num_readers(const lio_lock *lk)
 {
-    return lk ? LD(&lk->f->t->u1.h.numreaders) : 0;
+    return lk && lk->f->t ? LD(&lk->f->t->u1.h.numreaders) : 0;
 }
 
 uint64_t lio_lock_txnid(const lio_lock *lk)
 {
-    return lk ? (uint64_t)LD(&lk->f->t->u1.h.txnid) : 0;
+    return lk && lk->f->t ? (uint64_t)LD(&lk->f->t->u1.h.txnid) : 0;
 }
 
 int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
@@ -809,6 +859,8 @@ int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
         *dead = 0;
     if (!lk)
         return 0;
+    if (!lk->f->t || lk->f->pid != getpid())
+        return forked_err(lk->f, err);
     return check_stale(lk->f, 0, dead, err);
 }
 
@@ -828,7 +880,7 @@ size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
     size_t len = 0;
     if (!buf)
         cap = 0;
-    if (!lk) {
+    if (!lk || !lk->f->t) {
         put(buf, cap, &len, "(no reader locks)\n");
     } else {
         const lk_file *f = lk->f;

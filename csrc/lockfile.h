@@ -64,8 +64,14 @@
  * clears every slot whose mr_pid is this process's pid among the slots it
  * had seen, lmdbio's live slots included; lio_lock_reader_refresh and the
  * next begin take a new slot, but a transaction open across that close is no
- * longer pinned.  Fork: not supported (slots and locks belong to the
- * parent).
+ * longer pinned.
+ *
+ * fork(): handles do not carry over.  In the child, lio_lock_reader_begin/
+ * refresh/check on an inherited handle return LIO_EINVAL, reset/end/close
+ * of inherited slots and handles touch nothing (they are the parent's),
+ * and lio_lock_open opens its own descriptor (an inherited one shares the
+ * parent's open file description, so its OFD locks are the parent's).
+ * Forking while another thread is inside a lio_lock call is not supported.
  *
  * Threads: every function may be called concurrently from several threads
  * on the same lio_lock (slots are per call, as liblmdb with MDB_NOTLS, which
@@ -103,7 +109,8 @@ typedef struct lio_reader lio_reader; /* a held reader slot */
  * with *err filled.  Called by lio_lock_open only when it initializes the
  * table, while it holds byte 0 exclusively (so no writer can commit in
  * between).  In the Cython layer: a nogil C function calling
- * lio_env_read_metas on the lio_env passed as ctx. */
+ * lio_env_read_metas on the lio_env passed as ctx.  It runs under
+ * lockfile.c's process-wide registry mutex: it must not call lio_lock_*. */
 typedef int (*lio_txnid_fn)(void *ctx, uint64_t *txnid, lio_error *err);
 
 /* The lock file's name for an environment, as liblmdb's mdb_fname_init:
@@ -125,8 +132,14 @@ size_t lio_lock_path(char *buf, size_t cap, const char *env_path, int subdir);
  *   LIO_SYSERR (sys_errno = EACCES, ENOENT, ...) naming the path;
  *   LIO_INVALID (bad magic or too short) / LIO_VERSION_MISMATCH (other
  *     format) naming the path, when another process holds the table;
- *   LIO_INCOMPATIBLE if this build's pthread_mutex_t layout is unknown;
- *   an error returned by newest_txnid. */
+ *   LIO_EINVAL (bad argument, max_readers > 2^24, or newest_txnid NULL
+ *     when the table must be initialized);
+ *   an error returned by newest_txnid.
+ * The table layout is built from this platform's pthread_mutex_t, size_t,
+ * pid_t and pthread_t exactly as mdb.c builds it, so it matches a liblmdb
+ * compiled for the same platform (offsets above asserted for x86_64
+ * glibc).  Several lio_lock_open calls on one file share one descriptor
+ * and mapping. */
 int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
                   unsigned max_readers, lio_txnid_fn newest_txnid, void *ctx,
                   lio_error *err);
@@ -136,8 +149,9 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
 void lio_lock_close(lio_lock *lk);
 
 /* Take a reader slot and publish the txnid to read (mdb_txn_begin/renew of
- * a read-only txn).  *slot == NULL: take a new slot.  *slot != NULL: a slot
- * idle after lio_lock_reader_reset, renewed in place (a new slot is taken
+ * a read-only txn); also (re)takes this process's pid lock (one fcntl).
+ * *slot == NULL: take a new slot.  *slot != NULL: a slot idle after
+ * lio_lock_reader_reset, renewed in place (a new slot is taken
  * transparently if someone cleared it).  The caller then reads meta page
  * (*txnid & 1), which must carry *txnid; if it carries another txnid (a
  * writer committed twice meanwhile) call lio_lock_reader_refresh.
