@@ -1,0 +1,992 @@
+"""``python -m lmdbio`` / ``lmdbio``: command-line tools.
+
+``lmdbio stat [mdb_stat options] PATH`` and ``lmdbio dump [mdb_dump options]
+PATH`` take the options of LMDB's ``mdb_stat`` and ``mdb_dump`` (parsed as
+glibc's getopt does: combined flags ``-ef``, ``-fff``, ``-sNAME`` or ``-s NAME``,
+options after the path, ``--``) and print the same bytes on stdout, with the
+same exit status, as the lmdb-utils 0.9.24 tools do for the same file. They
+read the data file with lmdbio (no mmap) and create no file. The lock file is
+read with pread for what the tools print from it (``-e``, ``-r``/``-rr`` and
+the dump header's ``maxreaders``); only while another process has the
+environment open (a writer may commit during a long dump) does the read
+transaction hold a reader slot in it (``lock=True``), as liblmdb's tools do.
+
+Where the tools print something that lmdbio does not have (the lock file's
+reader table, the meta page's map address), this module computes what
+liblmdb 0.9.24 would print, including its side effects on what it prints: a
+tool that finds no other process on the lock file re-initialises the table,
+so it reports 0 readers; ``-rr`` reports (but does not clear) the slots of
+dead processes that liblmdb would clear; ``mdb_stat -r`` exits with status 1
+(liblmdb returns ``fputs``'s result).
+
+Only the standard library is imported at module level; the lmdbio package is
+imported when a command runs. ``LMDBIO_CLI_BACKEND=lmdb`` (a development
+switch) runs the commands over py-lmdb instead; the freelist (``stat -f``)
+then needs a backend that has ``Environment._free_db()``.
+"""
+
+import binascii
+import errno
+import fcntl
+import importlib
+import os
+import re
+import struct
+import sys
+
+__all__ = ["main", "MDB_VERSION_STRING"]
+
+# What `mdb_stat -V` / `mdb_dump -V` print: the output format emulated here
+# is that of lmdb-utils 0.9.24 (Debian's).
+MDB_VERSION_STRING = "LMDB 0.9.24: (July 24, 2019)"
+
+# liblmdb error codes and their mdb_strerror() texts.
+_MDB_ERRORS = {
+    "KeyExistsError": (-30799, "MDB_KEYEXIST: Key/data pair already exists"),
+    "NotFoundError": (-30798, "MDB_NOTFOUND: No matching key/data pair found"),
+    "PageNotFoundError": (-30797, "MDB_PAGE_NOTFOUND: Requested page not found"),
+    "CorruptedError": (-30796, "MDB_CORRUPTED: Located page was wrong type"),
+    "PanicError": (-30795, "MDB_PANIC: Update of meta page failed or environment had fatal error"),
+    "VersionMismatchError": (-30794, "MDB_VERSION_MISMATCH: Database environment version mismatch"),
+    "InvalidError": (-30793, "MDB_INVALID: File is not an LMDB file"),
+    "MapFullError": (-30792, "MDB_MAP_FULL: Environment mapsize limit reached"),
+    "DbsFullError": (-30791, "MDB_DBS_FULL: Environment maxdbs limit reached"),
+    "ReadersFullError": (-30790, "MDB_READERS_FULL: Environment maxreaders limit reached"),
+    "TlsFullError": (-30789, "MDB_TLS_FULL: Thread-local storage keys full - too many environments open"),
+    "TxnFullError": (-30788, "MDB_TXN_FULL: Transaction has too many dirty pages - transaction too big"),
+    "CursorFullError": (-30787, "MDB_CURSOR_FULL: Internal error - cursor stack limit reached"),
+    "PageFullError": (-30786, "MDB_PAGE_FULL: Internal error - page has no more space"),
+    "MapResizedError": (-30785, "MDB_MAP_RESIZED: Database contents grew beyond environment mapsize"),
+    "IncompatibleError": (-30784, "MDB_INCOMPATIBLE: Operation and DB incompatible, or DB flags changed"),
+    "BadRslotError": (-30783, "MDB_BAD_RSLOT: Invalid reuse of reader locktable slot"),
+    "BadTxnError": (-30782, "MDB_BAD_TXN: Transaction must abort, has a child, or is invalid"),
+    "BadValsizeError": (-30781, "MDB_BAD_VALSIZE: Unsupported size of key/DB name/data, or wrong DUPFIXED size"),
+    "BadDbiError": (-30780, "MDB_BAD_DBI: The specified DBI handle was closed/changed unexpectedly"),
+}
+_INVALID = _MDB_ERRORS["InvalidError"]
+_VERSION_MISMATCH = _MDB_ERRORS["VersionMismatchError"]
+
+# On-disk constants (lmdb-format.md).
+_P_META = 0x08
+_MDB_MAGIC = 0xBEEFC0DE
+_MDB_DATA_VERSION = 1
+_MDB_PAGESIZE = 4096          # liblmdb reads this much of each meta page
+_DUPSORT = 0x04
+_DBFLAGS = (                  # mdb_dump's flag lines, in its order
+    (0x02, b"reversekey"),
+    (0x04, b"dupsort"),
+    (0x08, b"integerkey"),
+    (0x10, b"dupfixed"),
+    (0x20, b"integerdup"),
+    (0x40, b"reversedup"),
+)
+_PYLMDB_FLAG_NAMES = {
+    "reverse_key": 0x02, "dupsort": 0x04, "integerkey": 0x08,
+    "dupfixed": 0x10, "integerdup": 0x20, "reversedup": 0x40,
+}
+
+# Lock file layout of a 64-bit Linux liblmdb 0.9.x (POSIX robust mutexes):
+# MDB_txninfo is two 64-byte cache lines plus one 64-byte reader slot.
+_DEFAULT_READERS = 126
+_TXNINFO_SIZE = 192
+_READER_SIZE = 64
+_READERS_OFFSET = 128
+_NUMREADERS_OFFSET = 56
+_LOCK_FORMAT = 0x00010001     # MDB_LOCK_FORMAT: lock version 1, pid locks
+_FLOCK = "@hhqqi4x"           # struct flock on LP64 Linux
+
+_STAT_USAGE = "usage: %s [-V] [-n] [-e] [-r[r]] [-f[f[f]]] [-a|-s subdb] dbpath\n"
+_DUMP_USAGE = "usage: %s [-V] [-f output] [-l] [-n] [-p] [-a|-s subdb] dbpath\n"
+
+_HELP = """\
+usage: lmdbio <command> [options] PATH
+
+Read LMDB databases without mmap.
+
+commands:
+  stat    environment and database status; the options and output of mdb_stat
+          [-V] [-n] [-e] [-r[r]] [-f[f[f]]] [-a|-s subdb] dbpath
+  dump    dump databases in mdb_load's text format; the options and output of
+          mdb_dump  [-V] [-f output] [-l] [-n] [-p] [-a|-s subdb] dbpath
+
+options:
+  -h, --help  show this help and exit
+  --version   print lmdbio's version and exit
+"""
+
+
+class _Exit(Exception):
+    """Stop the command with this exit status (what liblmdb's tools return)."""
+
+    def __init__(self, status):
+        Exception.__init__(self, status)
+        self.status = status
+
+
+class _MdbError(Exception):
+    """A failure as liblmdb would report it: (code, mdb_strerror text)."""
+
+    def __init__(self, code, text):
+        Exception.__init__(self, code, text)
+        self.code = code
+        self.text = text
+
+
+# A damaged file: liblmdb's tools usually crash on one (SIGBUS, SIGSEGV);
+# lmdbio's message (which names the page and the problem) is worth more than
+# the bare mdb_strerror() text.
+_DAMAGE = ("PageNotFoundError", "CorruptedError", "InvalidError",
+           "VersionMismatchError", "PanicError")
+
+
+def _error_of(exc):
+    """(code, text) that liblmdb would report for an exception."""
+    if isinstance(exc, _MdbError):
+        return exc.code, exc.text
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno, os.strerror(exc.errno)
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _MDB_ERRORS:
+            code, text = _MDB_ERRORS[cls.__name__]
+            if cls.__name__ in _DAMAGE and str(exc):
+                text = str(exc)
+            return code, text
+    return -1, str(exc) or type(exc).__name__
+
+
+class _IO:
+    """The command's output streams (binary), buffered."""
+
+    _FLUSH_AT = 1 << 20
+
+    def __init__(self, stdout, stderr):
+        self.out = stdout
+        self.err = stderr
+        self._buf = []
+        self._size = 0
+        self._owned = None
+
+    broken = False   # stdout is a closed pipe: output is discarded
+
+    def write(self, data):
+        self._buf.append(data)
+        self._size += len(data)
+        if self._size >= self._FLUSH_AT:
+            self.flush()
+
+    def flush(self):
+        data = b"".join(self._buf)
+        self._buf = []
+        self._size = 0
+        if self.broken:
+            return
+        try:
+            if data:
+                self.out.write(data)
+            self.out.flush()
+        except BrokenPipeError:
+            self.broken = True
+            raise
+
+    def error(self, text):
+        """Write to stderr (unbuffered, as C's stderr)."""
+        try:
+            self.flush()
+        except BrokenPipeError:
+            pass
+        if isinstance(text, str):
+            text = os.fsencode(text)
+        self.err.write(text)
+        self.err.flush()
+
+    def reopen(self, filename):
+        """freopen(filename, "w", stdout)."""
+        self.flush()
+        new = open(filename, "wb")
+        if self._owned is not None:
+            self._owned.close()
+        self._owned = new
+        self.out = new
+
+    def close(self):
+        try:
+            self.flush()
+        finally:
+            if self._owned is not None:
+                self._owned.close()
+                self._owned = None
+
+
+def _parse(prog, args, optstring, io, handle):
+    """Parse ``args`` as glibc's getopt(3) does with ``optstring`` (options
+    may follow operands unless POSIXLY_CORRECT is set; ``--`` ends options;
+    an option's argument is the rest of its word or the next word) and call
+    ``handle(option, argument)`` for each option in order; an unknown option
+    or a missing argument prints getopt's message and calls ``handle('?')``.
+    Returns the operands."""
+    posix = "POSIXLY_CORRECT" in os.environ or optstring.startswith("+")
+    optstring = optstring.lstrip("+")
+    operands = []
+    i = 0
+    n = len(args)
+    while i < n:
+        word = args[i]
+        i += 1
+        if word == "--":
+            operands.extend(args[i:])
+            break
+        if not word.startswith("-") or word == "-":
+            if posix:
+                operands.append(word)
+                operands.extend(args[i:])
+                break
+            operands.append(word)
+            continue
+        j = 1
+        while j < len(word):
+            c = word[j]
+            j += 1
+            k = optstring.find(c) if c != ":" else -1
+            if k < 0:
+                io.error("%s: invalid option -- '%s'\n" % (prog, c))
+                handle("?", None)
+                continue
+            if optstring[k + 1:k + 2] == ":":
+                if j < len(word):
+                    arg = word[j:]
+                elif i < n:
+                    arg = args[i]
+                    i += 1
+                else:
+                    io.error("%s: option requires an argument -- '%s'\n" % (prog, c))
+                    handle("?", None)
+                    break
+                handle(c, arg)
+                break
+            handle(c, None)
+    return operands
+
+
+# --------------------------------------------------------------------------
+# The environment as liblmdb's tools see it.
+
+def _data_path(path, nosubdir):
+    return path if nosubdir else os.path.join(path, "data.mdb")
+
+
+def _lock_path(path, nosubdir):
+    return path + "-lock" if nosubdir else os.path.join(path, "lock.mdb")
+
+
+def _read_meta(path, nosubdir):
+    """The meta page liblmdb picks (mdb_env_read_header), read with pread.
+    Raises _MdbError/OSError as mdb_env_open would fail."""
+    fd = os.open(_data_path(path, nosubdir), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        best = None
+        off = 0
+        for i in range(2):
+            buf = os.pread(fd, _MDB_PAGESIZE, off)
+            if len(buf) != _MDB_PAGESIZE:
+                if not buf and off == 0:
+                    # liblmdb takes an empty file for a new environment and
+                    # then fails read-only with EBADF.
+                    raise _MdbError(errno.EBADF, os.strerror(errno.EBADF))
+                raise _MdbError(*_INVALID)
+            (flags,) = struct.unpack_from("<H", buf, 10)
+            magic, version, address, mapsize = struct.unpack_from("<IIQQ", buf, 16)
+            if not flags & _P_META or magic != _MDB_MAGIC:
+                raise _MdbError(*_INVALID)
+            if version != _MDB_DATA_VERSION:
+                raise _MdbError(*_VERSION_MISMATCH)
+            psize, free_flags = struct.unpack_from("<IH", buf, 40)
+            main_flags, = struct.unpack_from("<H", buf, 92)
+            main_entries, = struct.unpack_from("<Q", buf, 120)
+            last_pg, txnid = struct.unpack_from("<QQ", buf, 136)
+            meta = {
+                "psize": psize, "address": address, "mapsize": mapsize,
+                "last_pg": last_pg, "txnid": txnid, "env_flags": free_flags,
+                "main_flags": main_flags, "main_entries": main_entries,
+            }
+            if best is None or txnid > best["txnid"]:
+                best = meta
+            if i == 0:
+                off = psize
+    finally:
+        os.close(fd)
+    return best
+
+
+def _lock_probe(fd, start):
+    """Whether some other process holds a fcntl lock on byte ``start``."""
+    req = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
+    try:
+        res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
+    except OSError:
+        return False
+    return struct.unpack(_FLOCK, res)[0] != fcntl.F_UNLCK
+
+
+class _LockState:
+    """What liblmdb would find in (or make of) the lock file, read-only.
+
+    A liblmdb tool that gets the exclusive lock (no other process has the
+    environment open) re-initialises the reader table: it reports 0 readers
+    used and no readers. Otherwise it reports the live table."""
+
+    def __init__(self, path, nosubdir):
+        self.maxreaders = _DEFAULT_READERS
+        self.numreaders = 0
+        self.slots = []           # [(txnid, pid, tid)], all numreaders slots
+        self.stale_pids = set()   # pids mdb_reader_check would clear
+        self.live = False         # another process has the environment open
+        try:
+            fd = os.open(_lock_path(path, nosubdir), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            # liblmdb would create it (the same as an idle one) or, on a
+            # read-only filesystem, run without locks.
+            return
+        try:
+            size = os.fstat(fd).st_size
+            exclusive = not _lock_probe(fd, 0)
+            rsize = (_DEFAULT_READERS - 1) * _READER_SIZE + _TXNINFO_SIZE
+            if not (exclusive and size < rsize):
+                if size < _TXNINFO_SIZE:
+                    raise _MdbError(*_INVALID)
+                self.maxreaders = (size - _TXNINFO_SIZE) // _READER_SIZE + 1
+            if exclusive:
+                return
+            self.live = True
+            head = os.pread(fd, 64, 0)
+            if len(head) < 64 or struct.unpack_from("<I", head, 0)[0] != _MDB_MAGIC:
+                raise _MdbError(*_INVALID)
+            if struct.unpack_from("<I", head, 4)[0] != _LOCK_FORMAT:
+                raise _MdbError(*_VERSION_MISMATCH)
+            (self.numreaders,) = struct.unpack_from("<I", head, _NUMREADERS_OFFSET)
+            count = min(self.numreaders, self.maxreaders)
+            table = os.pread(fd, count * _READER_SIZE, _READERS_OFFSET)
+            for i in range(len(table) // _READER_SIZE):
+                txnid, pid, tid = struct.unpack_from("<QixxxxQ", table, i * _READER_SIZE)
+                self.slots.append((txnid, pid, tid))
+            mypid = os.getpid()
+            for pid in {s[1] for s in self.slots if s[1] and s[1] != mypid}:
+                if not _lock_probe(fd, pid):
+                    self.stale_pids.add(pid)
+        finally:
+            os.close(fd)
+
+    def reader_list(self, exclude=()):
+        """mdb_reader_list()'s text."""
+        lines = []
+        for txnid, pid, tid in self.slots:
+            if pid and pid not in exclude:
+                if not lines:
+                    lines.append(b"    pid     thread     txnid\n")
+                if txnid == 0xFFFFFFFFFFFFFFFF:
+                    lines.append(b"%10d %x -\n" % (pid, tid))
+                else:
+                    lines.append(b"%10d %x %d\n" % (pid, tid, txnid))
+        return b"".join(lines) if lines else b"(no active readers)\n"
+
+    def stale_count(self):
+        return sum(1 for s in self.slots if s[1] in self.stale_pids)
+
+
+class _Env:
+    """An environment opened read-only through the backend, plus what the
+    tools print that does not come from a transaction."""
+
+    def __init__(self, backend, path, nosubdir, named=None):
+        self.backend = backend
+        self.path = path
+        self.nosubdir = nosubdir
+        # mdb_env_open sets up the lock file first, then reads the meta.
+        self.lock = _LockState(path, nosubdir)
+        self.meta = _read_meta(path, nosubdir)
+        self.env = None
+        self.txn = None
+        max_dbs = 0
+        if named == "one":
+            max_dbs = 1
+        elif named == "all":
+            # Every named database gets a handle (py-lmdb and lmdbio cannot
+            # close one, and max_dbs limits them as liblmdb does): a small
+            # main DB bounds their number, a large one is counted first.
+            entries = self.meta["main_entries"]
+            if entries <= self._PRESCAN_ABOVE:
+                max_dbs = entries + 1
+            else:
+                max_dbs = 1 + self._count_candidates()
+        self.env = self._open(max_dbs)
+        try:
+            hook = getattr(self.env, "_meta", None)
+            if hook is not None:
+                self.meta.update(hook())
+        except BaseException:
+            self.close()
+            raise
+
+    _PRESCAN_ABOVE = 4096
+
+    def _count_candidates(self):
+        """Main-DB records that may be databases (a 48-byte value, no NUL)."""
+        count = 0
+        env = self._open(0)
+        try:
+            txn = env.begin()
+            try:
+                for key, value in txn.cursor().iternext_nodup(keys=True, values=True):
+                    if len(value) == 48 and b"\0" not in bytes(key):
+                        count += 1
+            finally:
+                txn.abort()
+        finally:
+            env.close()
+        return count
+
+    def _open(self, max_dbs):
+        """Open read-only. While another process has the environment open
+        (a writer may commit during a long dump) the transaction holds a
+        reader slot, as liblmdb's tools do, so that its pages are not
+        recycled; otherwise, or when the lock file cannot be used, no lock
+        file is touched."""
+        kw = dict(subdir=not self.nosubdir, readonly=True, create=False, max_dbs=max_dbs)
+        if self.lock.live:
+            try:
+                return self.backend.open(self.path, lock=True, **kw)
+            except Exception as exc:
+                if not _is_lmdb_error(exc, self.backend):
+                    raise
+        return self.backend.open(self.path, lock=False, **kw)
+
+    @property
+    def mapsize(self):
+        """me_mapsize: the meta's map size, at least the used pages."""
+        m = self.meta
+        return max(m["mapsize"], (m["last_pg"] + 1) * m["psize"])
+
+    def begin(self):
+        self.txn = self.env.begin()
+        return self.txn
+
+    def main_db(self):
+        return self.env.open_db(None, txn=self.txn, create=False)
+
+    def open_named(self, name):
+        return self.env.open_db(name, txn=self.txn, create=False)
+
+    def names(self):
+        """Main-DB keys that could name a database (no NUL), in key order."""
+        for key in self.txn.cursor().iternext_nodup(keys=True, values=False):
+            key = bytes(key)
+            if b"\0" not in key:
+                yield key
+
+    def flags(self, name, db):
+        """mdb_dbi_flags(): the database's persistent flags."""
+        if name is None:
+            return self.meta["main_flags"]
+        rec = self.txn.get(name)
+        if rec is not None and len(rec) == 48:
+            return struct.unpack_from("<H", bytes(rec), 4)[0]
+        flags = 0
+        for key, on in db.flags(self.txn).items():
+            if on:
+                flags |= _PYLMDB_FLAG_NAMES.get(key, 0)
+        return flags
+
+    def close(self):
+        try:
+            if self.txn is not None:
+                self.txn.abort()
+        finally:
+            self.txn = None
+            if self.env is not None:
+                self.env.close()
+                self.env = None
+
+
+def _named_mode(o, subname):
+    return "all" if o["a"] else ("one" if subname is not None else None)
+
+
+def _name_bytes(name):
+    return os.fsencode(name)
+
+
+# --------------------------------------------------------------------------
+# stat
+
+def _prstat(io, st):
+    io.write(b"  Tree depth: %d\n  Branch pages: %d\n  Leaf pages: %d\n"
+             b"  Overflow pages: %d\n  Entries: %d\n"
+             % (st["depth"], st["branch_pages"], st["leaf_pages"],
+                st["overflow_pages"], st["entries"]))
+
+
+def _u64s(buf, count):
+    buf = bytes(buf)
+    have = min(count, len(buf) // 8)
+    return struct.unpack_from("<%dQ" % have, buf, 0) if have else ()
+
+
+def _freelist_record(io, key, value, level):
+    """One free-DB record: its page count, and with -ff/-fff what mdb_stat
+    prints about it (same arithmetic, including the [bad sequence] check)."""
+    value = bytes(value)
+    count = struct.unpack_from("<Q", value, 0)[0] if len(value) >= 8 else 0
+    if level < 2:
+        return count
+    pages = _u64s(value[8:], count)
+    avail = len(pages)
+    j = count
+    bad = b""
+    span = 0
+    prev = 1
+    i = min(j, avail)
+    while True:
+        i -= 1
+        if i < 0:
+            break
+        pg = pages[i]
+        if pg <= prev:
+            bad = b" [bad sequence]"
+        prev = pg
+        pg += span
+        while i >= span and pages[i - span] == pg:
+            span += 1
+            pg += 1
+    txnid = struct.unpack_from("<Q", bytes(key).ljust(8, b"\0"), 0)[0]
+    io.write(b"    Transaction %d, %d pages, maxspan %d%s\n" % (txnid, j, span, bad))
+    if level > 2:
+        j = min(j, avail) - 1
+        while j >= 0:
+            pg = pages[j]
+            span = 1
+            j -= 1
+            while j >= 0 and pages[j] == pg + span:
+                span += 1
+                j -= 1
+            if span > 1:
+                io.write(b"     %9d[%d]\n" % (pg, span))
+            else:
+                io.write(b"     %9d\n" % pg)
+    return count
+
+
+def _cmd_stat(prog, args, io, backend):
+    usage = _STAT_USAGE % prog
+    if not args:
+        io.error(usage)
+        return 1
+    o = {"a": 0, "e": 0, "f": 0, "n": False, "r": 0, "s": None}
+
+    def handle(c, arg):
+        if c == "V":
+            io.write(MDB_VERSION_STRING.encode() + b"\n")
+            raise _Exit(0)
+        if c == "a":
+            if o["s"] is not None:
+                raise _Usage()
+            o["a"] += 1
+        elif c == "s":
+            if o["a"]:
+                raise _Usage()
+            o["s"] = arg
+        elif c == "n":
+            o["n"] = True
+        elif c in "efr":
+            o[c] += 1
+        else:
+            raise _Usage()
+
+    try:
+        operands = _parse(prog, args, "Vaefnrs:", io, handle)
+        if len(operands) != 1:
+            raise _Usage()
+    except _Usage:
+        io.error(usage)
+        return 1
+    path = operands[0]
+    subname = _name_bytes(o["s"]) if o["s"] is not None else None
+
+    try:
+        env = _Env(backend, path, o["n"], named=_named_mode(o, subname))
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
+        return 1
+    try:
+        return _stat_body(io, env, o, subname)
+    finally:
+        env.close()
+
+
+def _fail(io, what, exc):
+    io.error("%s failed, error %d %s\n" % ((what,) + _error_of(exc)))
+    return 1
+
+
+def _stat_body(io, env, o, subname):
+    backend = env.backend
+    meta = env.meta
+    lock = env.lock
+    if o["e"]:
+        psize = meta["psize"]
+        addr = b"0x%x" % meta["address"] if meta["address"] else b"(nil)"
+        io.write(b"Environment Info\n  Map address: %s\n  Map size: %d\n"
+                 b"  Page size: %d\n  Max pages: %d\n  Number of pages used: %d\n"
+                 b"  Last transaction ID: %d\n  Max readers: %d\n"
+                 b"  Number of readers used: %d\n"
+                 % (addr, env.mapsize, psize, env.mapsize // psize if psize else 0,
+                    meta["last_pg"] + 1, meta["txnid"], lock.maxreaders,
+                    lock.numreaders))
+    if o["r"]:
+        io.write(b"Reader Table Status\n")
+        io.write(lock.reader_list())
+        if o["r"] > 1:
+            io.write(b"  %d stale readers cleared.\n" % lock.stale_count())
+            io.write(lock.reader_list(exclude=lock.stale_pids))
+        if not (subname is not None or o["a"] or o["f"]):
+            # mdb_reader_list() returns fputs()'s result (1 with glibc),
+            # which mdb_stat returns as its exit status.
+            return 1
+
+    try:
+        txn = env.begin()
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        return _fail(io, "mdb_txn_begin", exc)
+
+    if o["f"]:
+        io.write(b"Freelist Status\n")
+        hook = getattr(env.env, "_free_db", None)
+        if hook is None:
+            io.error("%s: the freelist needs Environment._free_db(), which %s "
+                     "lacks\n" % (_PROG, getattr(backend, "__name__", backend)))
+            return 1
+        try:
+            free = hook()
+            cursor = txn.cursor(db=free)
+        except Exception as exc:
+            if not _is_lmdb_error(exc, backend):
+                raise
+            return _fail(io, "mdb_cursor_open", exc)
+        try:
+            st = txn.stat(free)
+        except Exception as exc:
+            if not _is_lmdb_error(exc, backend):
+                raise
+            return _fail(io, "mdb_stat", exc)
+        _prstat(io, st)
+        total = 0
+        try:
+            for key, value in cursor.iternext(keys=True, values=True):
+                total += _freelist_record(io, key, value, o["f"])
+        except Exception as exc:
+            # mdb_stat stops reading the freelist and goes on (its status
+            # comes from what follows)
+            if not _is_lmdb_error(exc, backend):
+                raise
+        io.write(b"  Free pages: %d\n" % total)
+
+    try:
+        db = env.open_named(subname) if subname is not None else env.main_db()
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        return _fail(io, "mdb_open", exc)
+    try:
+        st = txn.stat(db)
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        return _fail(io, "mdb_stat", exc)
+    io.write(b"Status of %s\n" % (subname if subname is not None else b"Main DB"))
+    _prstat(io, st)
+
+    if o["a"]:
+        names = env.names()
+        while True:
+            try:
+                name = next(names, None)
+            except Exception as exc:
+                if not _is_lmdb_error(exc, backend):
+                    raise
+                # mdb_stat stops the walk and fails without a word; say why
+                io.error("%s: %s: %s\n" % (_PROG + " stat", env.path, _error_of(exc)[1]))
+                return 1
+            if name is None:
+                break
+            try:
+                db2 = env.open_named(name)
+            except Exception as exc:
+                if not _is_lmdb_error(exc, backend):
+                    raise
+                continue
+            io.write(b"Status of %s\n" % name)
+            try:
+                st = txn.stat(db2)
+            except Exception as exc:
+                if not _is_lmdb_error(exc, backend):
+                    raise
+                return _fail(io, "mdb_stat", exc)
+            _prstat(io, st)
+    return 0
+
+
+class _Usage(Exception):
+    pass
+
+
+def _is_lmdb_error(exc, backend):
+    if isinstance(exc, BrokenPipeError):
+        return False
+    if isinstance(exc, (_MdbError, OSError)):
+        return True
+    base = getattr(backend, "Error", None)
+    return base is not None and isinstance(exc, base)
+
+
+# --------------------------------------------------------------------------
+# dump
+
+_NONPRINT = re.compile(rb"[^\x20-\x7e]")
+# mdb_dump -p: isprint() in the C locale passes through, the rest is \xx.
+_PRINT_TABLE = [bytes([c]) if 0x20 <= c <= 0x7e else b"\\%02x" % c for c in range(256)]
+
+
+def _printable(data, _search=_NONPRINT.search, _get=_PRINT_TABLE.__getitem__):
+    data = bytes(data)
+    if _search(data) is None:
+        return data
+    return b"".join(map(_get, data))
+
+
+def _dumpit(io, env, db, name, printable):
+    """mdb_dump's dumpit(): header, records, DATA=END."""
+    txn = env.txn
+    flags = env.flags(name, db)
+    st = txn.stat(db)
+    meta = env.meta
+    head = [b"VERSION=3\n", b"format=print\n" if printable else b"format=bytevalue\n"]
+    if name is not None:
+        head.append(b"database=%s\n" % name)
+    head.append(b"type=btree\n")
+    head.append(b"mapsize=%d\n" % env.mapsize)
+    if meta["address"]:
+        head.append(b"mapaddr=0x%x\n" % meta["address"])
+    head.append(b"maxreaders=%d\n" % env.lock.maxreaders)
+    if flags & _DUPSORT:
+        head.append(b"duplicates=1\n")
+    for bit, fname in _DBFLAGS:
+        if flags & bit:
+            head.append(b"%s=1\n" % fname)
+    head.append(b"db_pagesize=%d\n" % st["psize"])
+    head.append(b"HEADER=END\n")
+    io.write(b"".join(head))
+
+    write = io.write
+    cursor = txn.cursor(db=db)
+    if printable:
+        for key, value in cursor.iternext(keys=True, values=True):
+            write(b" " + _printable(key) + b"\n " + _printable(value) + b"\n")
+    else:
+        hexlify = binascii.hexlify
+        for key, value in cursor.iternext(keys=True, values=True):
+            write(b" " + hexlify(key) + b"\n " + hexlify(value) + b"\n")
+    write(b"DATA=END\n")
+
+
+def _cmd_dump(prog, args, io, backend):
+    usage = _DUMP_USAGE % prog
+    if not args:
+        io.error(usage)
+        return 1
+    o = {"a": 0, "l": False, "n": False, "p": False, "s": None}
+
+    def handle(c, arg):
+        if c == "V":
+            io.write(MDB_VERSION_STRING.encode() + b"\n")
+            raise _Exit(0)
+        if c in "la":
+            if c == "l":
+                o["l"] = True
+            if o["s"] is not None:
+                raise _Usage()
+            o["a"] += 1
+        elif c == "f":
+            try:
+                io.reopen(arg)
+            except OSError as exc:
+                io.error("%s: %s: reopen: %s\n" % (prog, arg, os.strerror(exc.errno or errno.EIO)))
+                raise _Exit(1)
+        elif c == "n":
+            o["n"] = True
+        elif c == "p":
+            o["p"] = True
+        elif c == "s":
+            if o["a"]:
+                raise _Usage()
+            o["s"] = arg
+        else:
+            raise _Usage()
+
+    try:
+        operands = _parse(prog, args, "af:lnps:V", io, handle)
+        if len(operands) != 1:
+            raise _Usage()
+    except _Usage:
+        io.error(usage)
+        return 1
+    path = operands[0]
+    subname = _name_bytes(o["s"]) if o["s"] is not None else None
+
+    try:
+        env = _Env(backend, path, o["n"], named=_named_mode(o, subname))
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
+        return 1
+    try:
+        return _dump_body(prog, io, env, o, subname, path)
+    finally:
+        env.close()
+
+
+def _dump_body(prog, io, env, o, subname, path):
+    backend = env.backend
+    try:
+        txn = env.begin()
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        return _fail(io, "mdb_txn_begin", exc)
+    try:
+        db = env.open_named(subname) if subname is not None else env.main_db()
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        return _fail(io, "mdb_open", exc)
+
+    err = None
+    try:
+        if o["a"]:
+            count = 0
+            for name in env.names():
+                count += 1
+                try:
+                    db2 = env.open_named(name)
+                except Exception as exc:
+                    if not _is_lmdb_error(exc, backend):
+                        raise
+                    continue
+                if o["l"]:
+                    io.write(name + b"\n")
+                else:
+                    _dumpit(io, env, db2, name, o["p"])
+            if not count:
+                io.error("%s: %s does not contain multiple databases\n" % (prog, path))
+                return 1
+        else:
+            _dumpit(io, env, db, subname, o["p"])
+    except (KeyboardInterrupt, BrokenPipeError):
+        # mdb_dump catches SIGINT, SIGTERM, SIGPIPE and SIGHUP and stops
+        err = (errno.EINTR, os.strerror(errno.EINTR))
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        err = _error_of(exc)
+    if err is not None:
+        io.error("%s: %s: %s\n" % (prog, path, err[1]))
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+_PROG = "lmdbio"
+_COMMANDS = {
+    "stat": _cmd_stat,
+    "dump": _cmd_dump,
+}
+
+
+def _load_backend():
+    name = os.environ.get("LMDBIO_CLI_BACKEND")
+    return importlib.import_module(name or "lmdbio")
+
+
+def _version_text(backend):
+    ver = getattr(backend, "__version__", None)
+    if ver is None and hasattr(backend, "version"):
+        ver = ".".join(str(p) for p in backend.version())
+    return "%s %s\n" % (getattr(backend, "__name__", _PROG), ver)
+
+
+def main(argv=None, *, backend=None, stdout=None, stderr=None):
+    """Run ``lmdbio <command> ...``; returns the exit status.
+
+    ``argv`` excludes the program name (default ``sys.argv[1:]``).
+    ``backend`` is the module providing ``open`` (default lmdbio, or the
+    module named by ``$LMDBIO_CLI_BACKEND``); ``stdout``/``stderr`` are binary
+    streams (default the process's)."""
+    if argv is None:
+        argv = sys.argv[1:]
+    argv = list(argv)
+    if stdout is None:
+        stdout = sys.stdout.buffer
+    if stderr is None:
+        stderr = sys.stderr.buffer
+    io = _IO(stdout, stderr)
+    try:
+        if not argv:
+            io.error(_HELP)
+            return 2
+        cmd = argv[0]
+        if cmd in ("-h", "--help", "help"):
+            io.write(_HELP.encode())
+            return 0
+        if cmd == "--version":
+            if backend is None:
+                backend = _load_backend()
+            io.write(_version_text(backend).encode())
+            return 0
+        func = _COMMANDS.get(cmd)
+        if func is None:
+            io.error("%s: unknown command %r (commands: %s)\n"
+                     % (_PROG, cmd, ", ".join(sorted(_COMMANDS))))
+            return 2
+        if backend is None:
+            backend = _load_backend()
+        prog = "%s %s" % (_PROG, cmd)
+        try:
+            return func(prog, argv[1:], io, backend)
+        except _Exit as exc:
+            return exc.status
+        except KeyboardInterrupt:
+            return 130
+    except BrokenPipeError:
+        return 1
+    finally:
+        try:
+            io.close()
+        except BrokenPipeError:
+            pass
+        if io.broken:
+            _quiet_stdout(stdout)
+
+
+def _quiet_stdout(stream):
+    """After EPIPE on the process's stdout, point it at /dev/null so that
+    Python's final flush does not complain."""
+    try:
+        if stream is sys.stdout.buffer:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass
