@@ -479,7 +479,8 @@ static int leaf2_key(tcursor *c, lio_val *key)
     return LIO_SUCCESS;
 }
 
-/* After landing on a node: set up dups, read data and key. */
+/* After landing on a node: set up its duplicates (first or last), read
+ * its data and key. */
 static int land(tcursor *c, const uint8_t *leaf, lio_val *key, lio_val *data,
                 int dup_last)
 {
@@ -487,16 +488,12 @@ static int land(tcursor *c, const uint8_t *leaf, lio_val *key, lio_val *data,
     if (nd_flags(leaf) & F_DUPDATA) {
         if ((rc = xcursor_init(c, leaf)))
             return rc;
-    }
-    if (data) {
-        if ((rc = node_read(c, leaf, data)))
+        rc = dup_last ? cursor_last(c->x, data, NULL)
+                      : cursor_first(c->x, data, NULL);
+        if (rc)
             return rc;
-        if (nd_flags(leaf) & F_DUPDATA) {
-            rc = dup_last ? cursor_last(c->x, data, NULL)
-                          : cursor_first(c->x, data, NULL);
-            if (rc)
-                return rc;
-        }
+    } else if (data && (rc = node_read(c, leaf, data))) {
+        return rc;
     }
     get_key(leaf, key);
     return LIO_SUCCESS;
@@ -507,13 +504,19 @@ static int cursor_next(tcursor *c, lio_val *key, lio_val *data,
 {
     const uint8_t *p, *leaf;
     int rc;
-    if (c->flags & C_EOF)
-        return LIO_NOTFOUND;
-    if (!c->snum) /* a dup cursor that was never positioned */
-        return LIO_NOTFOUND;
+    if (!(c->flags & C_INITIALIZED))
+        return cursor_first(c, key, data);
     p = top_page(c);
-    if ((c->db.flags & LIO_DUPSORT) && (leaf = cur_leaf(c))) {
-        if (nd_flags(leaf) & F_DUPDATA) {
+    if (c->flags & C_EOF) {
+        if (c->ki[c->top] + 1u >= pg_numkeys(p))
+            return LIO_NOTFOUND;
+        c->flags &= ~C_EOF;
+    }
+    if (c->db.flags & LIO_DUPSORT) {
+        /* Past the last node liblmdb reads stale memory; we read it as a
+         * node without duplicates. */
+        leaf = cur_leaf(c);
+        if (leaf && (nd_flags(leaf) & F_DUPDATA)) {
             if (op == LIO_NEXT || op == LIO_NEXT_DUP) {
                 rc = cursor_next(c->x, data, NULL, LIO_NEXT);
                 if (op != LIO_NEXT || rc != LIO_NOTFOUND) {
@@ -547,8 +550,11 @@ static int cursor_prev(tcursor *c, lio_val *key, lio_val *data,
 {
     const uint8_t *p, *leaf;
     int rc;
-    if (!c->snum)
-        return LIO_NOTFOUND;
+    if (!(c->flags & C_INITIALIZED)) {
+        if ((rc = cursor_last(c, key, data)))
+            return rc;
+        c->ki[c->top]++;
+    }
     p = top_page(c);
     if ((c->db.flags & LIO_DUPSORT) && (leaf = cur_leaf(c))) {
         if (nd_flags(leaf) & F_DUPDATA) {
@@ -568,6 +574,7 @@ static int cursor_prev(tcursor *c, lio_val *key, lio_val *data,
                 return LIO_NOTFOUND;
         }
     }
+    c->flags &= ~C_EOF;
     if (c->ki[c->top] == 0) {
         if ((rc = sibling(c, 0)) != LIO_SUCCESS)
             return rc;
@@ -576,7 +583,6 @@ static int cursor_prev(tcursor *c, lio_val *key, lio_val *data,
     } else {
         c->ki[c->top]--;
     }
-    c->flags &= ~C_EOF;
     if (c->ki[c->top] >= pg_numkeys(p))
         return fail(c, LIO_CORRUPTED, c->pgno[c->top],
                     "cursor index past the page's nodes");
@@ -600,48 +606,24 @@ static int cursor_first(tcursor *c, lio_val *key, lio_val *data)
     c->ki[c->top] = 0;
     if (is_leaf2(p))
         return leaf2_key(c, key);
-    if (data) {
-        const uint8_t *leaf = pg_node(p, 0);
-        if (nd_flags(leaf) & F_DUPDATA) {
-            if ((rc = xcursor_init(c, leaf)) ||
-                (rc = cursor_first(c->x, data, NULL)))
-                return rc;
-        } else if ((rc = node_read(c, leaf, data))) {
-            return rc;
-        }
-    }
-    get_key(pg_node(p, 0), key);
-    return LIO_SUCCESS;
+    return land(c, pg_node(p, 0), key, data, 0);
 }
 
 static int cursor_last(tcursor *c, lio_val *key, lio_val *data)
 {
-    const uint8_t *p, *leaf;
+    const uint8_t *p;
     int rc;
     x_reset(c);
-    if (!(c->flags & C_EOF)) {
-        if (!(c->flags & C_INITIALIZED) || c->top) {
-            if ((rc = page_search(c, NULL, 0, 1)))
-                return rc;
-        }
+    if (!(c->flags & C_INITIALIZED) || c->top) {
+        if ((rc = page_search(c, NULL, 0, 1)))
+            return rc;
     }
     p = top_page(c);
     c->ki[c->top] = pg_numkeys(p) - 1;
     c->flags |= C_INITIALIZED | C_EOF;
     if (is_leaf2(p))
         return leaf2_key(c, key);
-    leaf = pg_node(p, c->ki[c->top]);
-    if (data) {
-        if (nd_flags(leaf) & F_DUPDATA) {
-            if ((rc = xcursor_init(c, leaf)) ||
-                (rc = cursor_last(c->x, data, NULL)))
-                return rc;
-        } else if ((rc = node_read(c, leaf, data))) {
-            return rc;
-        }
-    }
-    get_key(leaf, key);
-    return LIO_SUCCESS;
+    return land(c, pg_node(p, c->ki[c->top]), key, data, 1);
 }
 
 /* mdb_cursor_set.  exactp NULL for SET_RANGE. */
@@ -687,6 +669,7 @@ static int cursor_set(tcursor *c, lio_val *key, lio_val *data,
                             goto set1;
                         }
                     }
+                    c->flags &= ~C_EOF;
                     goto set2;
                 }
             }
@@ -713,8 +696,10 @@ set2:
     if (!node_search(c, key, exactp)) {
         if (exactp && !*exactp)
             return LIO_NOTFOUND;
-        if ((rc = sibling(c, 1)) != LIO_SUCCESS)
+        if ((rc = sibling(c, 1)) != LIO_SUCCESS) {
+            c->flags |= C_EOF;
             return rc;
+        }
         p = top_page(c);
         c->ki[c->top] = 0;
     } else if (exactp && !*exactp) {
@@ -731,23 +716,21 @@ set1:
         return LIO_SUCCESS;
     }
     leaf = pg_node(p, c->ki[c->top]);
+    rc = LIO_SUCCESS;
     if (nd_flags(leaf) & F_DUPDATA) {
         if ((rc = xcursor_init(c, leaf)))
             return rc;
-    }
-    rc = LIO_SUCCESS;
-    if (data) {
-        if (nd_flags(leaf) & F_DUPDATA) {
-            if (op == LIO_SET || op == LIO_SET_KEY || op == LIO_SET_RANGE) {
-                rc = cursor_first(c->x, data, NULL);
-            } else {
-                int ex2 = 0;
-                rc = cursor_set(c->x, data, NULL, LIO_SET_RANGE,
-                                op == LIO_GET_BOTH ? &ex2 : NULL);
-                if (rc)
-                    return rc;
-            }
-        } else if (op == LIO_GET_BOTH || op == LIO_GET_BOTH_RANGE) {
+        if (op == LIO_SET || op == LIO_SET_KEY || op == LIO_SET_RANGE) {
+            rc = cursor_first(c->x, data, NULL);
+        } else {
+            int ex2 = 0;
+            rc = cursor_set(c->x, data, NULL, LIO_SET_RANGE,
+                            op == LIO_GET_BOTH ? &ex2 : NULL);
+            if (rc)
+                return rc;
+        }
+    } else if (data) {
+        if (op == LIO_GET_BOTH || op == LIO_GET_BOTH_RANGE) {
             lio_val d2;
             if ((rc = node_read(c, leaf, &d2)))
                 return rc;
@@ -756,8 +739,8 @@ set1:
                 if (op == LIO_GET_BOTH || rc > 0)
                     return LIO_NOTFOUND;
                 rc = 0;
-                *data = d2;
             }
+            *data = d2;
         } else {
             x_reset(c);
             if ((rc = node_read(c, leaf, data)))
@@ -812,14 +795,18 @@ static int fetch_multiple(tcursor *c, lio_val *data)
 
 static int dup_move(tcursor *c, lio_val *key, lio_val *data, int last)
 {
-    const uint8_t *leaf;
+    const uint8_t *p, *leaf;
     if (!data || !(c->flags & C_INITIALIZED))
         return LIO_EINVAL;
     if (!c->x)
         return LIO_INCOMPATIBLE;
+    p = top_page(c);
+    if (c->ki[c->top] >= pg_numkeys(p)) {
+        c->ki[c->top] = pg_numkeys(p);
+        return LIO_NOTFOUND;
+    }
+    c->flags &= ~C_EOF;
     leaf = cur_leaf(c);
-    if (!leaf)
-        return LIO_EINVAL;
     if (!(nd_flags(leaf) & F_DUPDATA)) {
         get_key(leaf, key);
         return node_read(c, leaf, data);
@@ -875,6 +862,7 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
             rc = fetch_multiple(c, data);
         break;
     case LIO_NEXT_MULTIPLE:
+    case LIO_PREV_MULTIPLE:
         if (!data) {
             rc = LIO_EINVAL;
             break;
@@ -883,10 +871,18 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
             rc = LIO_INCOMPATIBLE;
             break;
         }
-        if (!(c->flags & C_INITIALIZED))
-            rc = cursor_first(c, key, data);
-        else
+        if (op == LIO_NEXT_MULTIPLE) {
             rc = cursor_next(c, key, data, LIO_NEXT_DUP);
+        } else {
+            rc = (c->flags & C_INITIALIZED) ? LIO_SUCCESS
+                                            : cursor_last(c, key, data);
+            if (rc == LIO_SUCCESS && (c->x->flags & C_INITIALIZED)) {
+                rc = sibling(c->x, 0);
+                if (rc == LIO_SUCCESS)
+                    rc = fetch_multiple(c, data);
+                break;
+            }
+        }
         if (rc == LIO_SUCCESS) {
             if (c->x->flags & C_INITIALIZED)
                 rc = fetch_multiple(c, data);
@@ -897,21 +893,11 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
     case LIO_NEXT:
     case LIO_NEXT_DUP:
     case LIO_NEXT_NODUP:
-        if (!(c->flags & C_INITIALIZED))
-            rc = cursor_first(c, key, data);
-        else
-            rc = cursor_next(c, key, data, op);
+        rc = cursor_next(c, key, data, op);
         break;
     case LIO_PREV:
     case LIO_PREV_DUP:
     case LIO_PREV_NODUP:
-        if (!(c->flags & C_INITIALIZED)) {
-            rc = cursor_last(c, key, data);
-            if (rc)
-                break;
-            c->flags |= C_INITIALIZED;
-            c->ki[c->top]++;
-        }
         rc = cursor_prev(c, key, data, op);
         break;
     case LIO_FIRST:
@@ -949,12 +935,16 @@ int lio_cursor_count(lio_cursor *cur, uint64_t *count)
         return LIO_INCOMPATIBLE;
     if (!(c->flags & C_INITIALIZED))
         return LIO_EINVAL;
-    if (!c->snum || (c->flags & C_EOF))
+    if (!c->snum)
         return LIO_NOTFOUND;
-    leaf = cur_leaf(c);
-    if (!leaf)
-        return LIO_NOTFOUND;
-    if (!(nd_flags(leaf) & F_DUPDATA)) {
+    if (c->flags & C_EOF) {
+        /* liblmdb 0.9.3x: at the end, count the last item (and forget EOF) */
+        if (c->ki[c->top] >= pg_numkeys(top_page(c)))
+            return LIO_NOTFOUND;
+        c->flags &= ~C_EOF;
+    }
+    leaf = cur_leaf(c); /* NULL past the last node: as in cursor_next */
+    if (!leaf || !(nd_flags(leaf) & F_DUPDATA)) {
         *count = 1;
     } else {
         if (!(c->x->flags & C_INITIALIZED))
