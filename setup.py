@@ -27,7 +27,6 @@ C_SOURCES = [
     "csrc/lockfile.c",
     "csrc/plan.c",
     "csrc/index.c",
-    "csrc/copy.c",
     "csrc/bulk.c",
 ]
 # Extension modules: the drop-in API and the bulk path, each over the core.

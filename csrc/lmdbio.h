@@ -155,16 +155,6 @@ const lio_error *lio_cursor_error(const lio_cursor *c);
 /* mdb_get: a SET on cursor c (reused as scratch). */
 int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
 
-/* ---- compacting copy (copy.c) ----------------------------------------- */
-
-/* Write len bytes at file offset off of the copy: 0 or an errno. */
-typedef int (*lio_copy_write_fn)(void *ctx, uint64_t off, const uint8_t *buf,
-                                 size_t len);
-/* Write snapshot `snap` compacted (mdb_env_copy2 with MDB_CP_COMPACT):
- * reachable pages only, renumbered from 2, free DB empty, txnid 1. */
-int lio_copy_compact(lio_env *env, const lio_meta *snap,
-                     lio_copy_write_fn write_at, void *ctx, lio_error *err);
-
 /* ---- planned reads (bulk path) ---------------------------------------- */
 
 /* A read of consecutive file bytes from `off`, scattered into segments
