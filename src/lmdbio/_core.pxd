@@ -1,0 +1,118 @@
+# Declarations of the C core (csrc/lmdbio.h, csrc/lockfile.h) for Cython.
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+
+
+cdef extern from "lmdbio.h" nogil:
+    enum:
+        LIO_SUCCESS
+        LIO_RETRY
+        LIO_NOTFOUND
+        LIO_PAGE_NOTFOUND
+        LIO_CORRUPTED
+        LIO_VERSION_MISMATCH
+        LIO_INVALID
+        LIO_INCOMPATIBLE
+        LIO_BAD_VALSIZE
+        LIO_EINVAL
+        LIO_ENOMEM
+        LIO_SYSERR
+        LIO_MAX_KEY_SIZE
+        LIO_MAX_DEPTH
+        LIO_REVERSEKEY
+        LIO_DUPSORT
+        LIO_INTEGERKEY
+        LIO_DUPFIXED
+        LIO_INTEGERDUP
+        LIO_REVERSEDUP
+        LIO_PERSISTENT_FLAGS
+
+    uint64_t LIO_EMPTY_ROOT
+
+    ctypedef struct lio_error:
+        int code
+        int sys_errno
+        uint64_t pgno
+        char msg[256]
+
+    ctypedef struct lio_val:
+        const uint8_t *data
+        size_t size
+
+    ctypedef struct lio_source:
+        void *ctx
+        int64_t (*read)(void *ctx, uint64_t off, void *buf, size_t len) noexcept nogil
+        int64_t (*size)(void *ctx) noexcept nogil
+        size_t align
+
+    ctypedef struct lio_dbrec:
+        uint32_t pad
+        uint16_t flags
+        uint16_t depth
+        uint64_t branch_pages
+        uint64_t leaf_pages
+        uint64_t overflow_pages
+        uint64_t entries
+        uint64_t root
+
+    ctypedef struct lio_meta:
+        uint32_t psize
+        uint32_t env_flags
+        uint64_t mapsize
+        uint64_t last_pg
+        uint64_t txnid
+        lio_dbrec free_db
+        lio_dbrec main_db
+
+    ctypedef struct lio_env:
+        pass
+    ctypedef struct lio_cursor:
+        pass
+
+    int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
+                     size_t readahead_bytes, lio_error *err)
+    void lio_env_close(lio_env *env)
+    uint32_t lio_env_psize(const lio_env *env)
+    int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+    int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
+                         lio_error *err)
+    int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
+                     size_t len, lio_dbrec *out, lio_error *err)
+    int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
+
+    ctypedef enum lio_cursor_op:
+        LIO_FIRST
+        LIO_FIRST_DUP
+        LIO_GET_BOTH
+        LIO_GET_BOTH_RANGE
+        LIO_GET_CURRENT
+        LIO_GET_MULTIPLE
+        LIO_LAST
+        LIO_LAST_DUP
+        LIO_NEXT
+        LIO_NEXT_DUP
+        LIO_NEXT_MULTIPLE
+        LIO_NEXT_NODUP
+        LIO_PREV
+        LIO_PREV_DUP
+        LIO_PREV_NODUP
+        LIO_SET
+        LIO_SET_KEY
+        LIO_SET_RANGE
+        LIO_PREV_MULTIPLE
+
+    int lio_cursor_open(lio_cursor **out, lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, lio_error *err)
+    void lio_cursor_close(lio_cursor *c)
+    int lio_cursor_get(lio_cursor *c, lio_val *key, lio_val *data,
+                       lio_cursor_op op)
+    int lio_cursor_count(lio_cursor *c, uint64_t *count)
+    const lio_error *lio_cursor_error(const lio_cursor *c)
+    int lio_get(lio_cursor *c, const lio_val *key, lio_val *data)
+
+    ctypedef struct lio_posix:
+        pass
+    int lio_posix_open(lio_posix **out, const char *path, int direct,
+                       lio_error *err)
+    void lio_posix_get_source(lio_posix *p, lio_source *src)
+    void lio_posix_close(lio_posix *p)
