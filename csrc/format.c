@@ -60,8 +60,9 @@ int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
         return LIO_SUCCESS;
     if (db->depth == 0 || db->depth > LIO_MAX_DEPTH)
         return lio_fail(err, LIO_CORRUPTED, pgno,
-                        "page %llu: database record has impossible depth %u",
-                        (unsigned long long)pgno, db->depth);
+                        "page %llu: database record gives root page %llu an "
+                        "impossible depth %u", (unsigned long long)pgno,
+                        (unsigned long long)db->root, db->depth);
     if (db->root < 2)
         return lio_fail(err, LIO_CORRUPTED, pgno,
                         "page %llu: database root %llu is a meta page",
