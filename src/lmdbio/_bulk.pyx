@@ -1,0 +1,346 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Bindings of the C core's bulk path: record index and batch reads.
+
+One BulkFile is one data file, one snapshot and one tree.  Every call that
+reads or parses runs with the GIL released.
+"""
+
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+
+import numpy as np
+
+from lmdbio.errors import make_error
+
+cdef extern from "lmdbio.h" nogil:
+    ctypedef struct lio_error:
+        int code
+        int sys_errno
+        uint64_t pgno
+        char msg[256]
+    ctypedef struct lio_dbrec:
+        uint32_t pad
+        unsigned short flags
+        unsigned short depth
+        uint64_t branch_pages
+        uint64_t leaf_pages
+        uint64_t overflow_pages
+        uint64_t entries
+        uint64_t root
+    ctypedef struct lio_meta:
+        uint32_t psize
+        uint32_t env_flags
+        uint64_t mapsize
+        uint64_t last_pg
+        uint64_t txnid
+        lio_dbrec free_db
+        lio_dbrec main_db
+    ctypedef struct lio_source:
+        pass
+    ctypedef struct lio_env:
+        pass
+    ctypedef struct lio_posix:
+        pass
+    ctypedef struct lio_pool:
+        pass
+    ctypedef struct lio_bulk:
+        pass
+    ctypedef struct lio_executor:
+        pass
+    ctypedef struct lio_index:
+        uint64_t txnid
+        uint64_t root
+        uint64_t nleaves
+        uint64_t *leaf_pgno
+        uint64_t *first
+        uint64_t pages_read
+
+    int LIO_SUCCESS, LIO_RETRY, LIO_NOTFOUND, LIO_ENOMEM, LIO_SYSERR
+    uint64_t LIO_EMPTY_ROOT
+
+    int lio_posix_open(lio_posix **out, const char *path, int direct,
+                       lio_error *err)
+    void lio_posix_get_source(lio_posix *p, lio_source *src)
+    void lio_posix_close(lio_posix *p)
+    int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
+                      lio_error *err)
+    void lio_pool_get_executor(lio_pool *pool, lio_executor *ex)
+    void lio_pool_stats(const lio_pool *pool, uint64_t *requests,
+                        uint64_t *nbytes)
+    void lio_pool_close(lio_pool *pool)
+
+    int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
+                     size_t readahead_bytes, lio_error *err)
+    void lio_env_close(lio_env *env)
+    int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
+                         lio_error *err)
+    int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
+                     size_t len, lio_dbrec *out, lio_error *err)
+
+    int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        lio_error *err)
+    int lio_index_adopt(lio_index **out, const lio_meta *snap,
+                        const lio_dbrec *db, uint64_t nleaves,
+                        uint64_t *leaf_pgno, uint64_t *first, lio_error *err)
+    void lio_index_free(lio_index *idx)
+
+    int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
+                      const lio_dbrec *db, const lio_index *idx,
+                      const lio_executor *ex, lio_error *err)
+    int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
+                         uint64_t *key_bytes, uint64_t *value_bytes)
+    int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff,
+                      uint8_t *vdata, int64_t *voff)
+    const lio_error *lio_bulk_error(const lio_bulk *b)
+    void lio_bulk_close(lio_bulk *b)
+    void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
+
+
+cdef object _error(str path, const lio_error *err):
+    msg = err.msg.decode('utf-8', 'replace')
+    return make_error('%s: %s' % (path, msg), err.code, sys_errno=err.sys_errno)
+
+
+def aligned_bytes(size_t n, size_t phase=0):
+    """A uint8 array of n bytes whose first byte sits `phase` bytes past a
+    4096-byte boundary (copies from the page cache run at full speed when
+    the destination has the file offset's alignment; benchmarks.md)."""
+    buf = np.empty(n + 4096 + phase, dtype=np.uint8)
+    cdef size_t addr = buf.ctypes.data
+    cdef size_t start = (phase - addr) % 4096
+    return buf[start:start + n]
+
+
+cdef class BulkFile:
+    cdef lio_posix *posix
+    cdef lio_source src
+    cdef lio_env *env
+    cdef lio_pool *pool
+    cdef lio_executor ex
+    cdef lio_meta snap
+    cdef lio_dbrec db
+    cdef lio_index *idx
+    cdef lio_bulk *bulk
+    cdef readonly str path
+    cdef readonly bint has_db
+
+    def __cinit__(self, str path, bint direct=False, unsigned threads=4,
+                  size_t cache_bytes=4 << 20):
+        cdef lio_error err
+        cdef int rc
+        cdef bytes bpath = path.encode()
+        cdef const char *cpath = bpath
+        self.path = path
+        with nogil:
+            rc = lio_posix_open(&self.posix, cpath, direct, &err)
+        if rc:
+            raise _error(path, &err)
+        lio_posix_get_source(self.posix, &self.src)
+        with nogil:
+            rc = lio_env_open(&self.env, &self.src, cache_bytes, 0, &err)
+        if rc:
+            raise _error(path, &err)
+        with nogil:
+            rc = lio_pool_open(&self.pool, self.posix, threads, &err)
+        if rc:
+            raise _error(path, &err)
+        lio_pool_get_executor(self.pool, &self.ex)
+
+    def snapshot(self, uint64_t txnid=0):
+        """Take the snapshot to read (0: the newest).  False when the meta
+        page no longer carries txnid (a writer moved on)."""
+        cdef lio_error err
+        cdef int rc
+        with nogil:
+            rc = lio_env_snapshot(self.env, txnid, &self.snap, &err)
+        if rc == LIO_RETRY:
+            return False
+        if rc:
+            raise _error(self.path, &err)
+        self.db = self.snap.main_db
+        self.has_db = True
+        return True
+
+    def select(self, name):
+        """Read the main database (None) or a named one (bytes)."""
+        cdef lio_error err
+        cdef int rc
+        cdef bytes bname
+        cdef const char *cname
+        cdef size_t n
+        if name is None:
+            self.db = self.snap.main_db
+            return
+        bname = name
+        cname = bname
+        n = len(bname)
+        with nogil:
+            rc = lio_named_db(self.env, &self.snap, cname, n, &self.db, &err)
+        if rc == LIO_NOTFOUND:
+            raise make_error('%s: named database %r not found'
+                             % (self.path, name), rc)
+        if rc:
+            raise _error(self.path, &err)
+
+    @property
+    def txnid(self):
+        return self.snap.txnid
+
+    @property
+    def root(self):
+        return self.db.root
+
+    @property
+    def entries(self):
+        return self.db.entries
+
+    @property
+    def last_pg(self):
+        return self.snap.last_pg
+
+    @property
+    def psize(self):
+        return self.snap.psize
+
+    def build_index(self):
+        cdef lio_error err
+        cdef int rc
+        self._drop_index()
+        with nogil:
+            rc = lio_index_build(&self.idx, self.env, &self.snap, &self.db,
+                                 &self.ex, &err)
+        if rc:
+            raise _error(self.path, &err)
+        self._open_bulk()
+        return self.idx.pages_read
+
+    def adopt_index(self, leaf_pgno, first):
+        """Use a cached index (validated against the snapshot)."""
+        cdef lio_error err
+        cdef int rc
+        cdef uint64_t[::1] lp = np.ascontiguousarray(leaf_pgno, dtype=np.uint64)
+        cdef uint64_t[::1] fi = np.ascontiguousarray(first, dtype=np.uint64)
+        cdef uint64_t n = lp.shape[0]
+        cdef uint64_t *a
+        cdef uint64_t *b
+        if fi.shape[0] != n + 1:
+            raise ValueError('index arrays of inconsistent lengths')
+        self._drop_index()
+        a = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
+        b = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
+        if a == NULL or b == NULL:
+            free(a)
+            free(b)
+            raise MemoryError()
+        if n:
+            memcpy(a, &lp[0], n * sizeof(uint64_t))
+        memcpy(b, &fi[0], (n + 1) * sizeof(uint64_t))
+        rc = lio_index_adopt(&self.idx, &self.snap, &self.db, n, a, b, &err)
+        if rc:
+            raise _error(self.path, &err)
+        self._open_bulk()
+
+    def index_arrays(self):
+        """(leaf page numbers, first ordinal of each leaf + total) copies."""
+        cdef uint64_t n = self.idx.nleaves
+        lp = np.empty(n, dtype=np.uint64)
+        fi = np.empty(n + 1, dtype=np.uint64)
+        cdef uint64_t[::1] a = lp
+        cdef uint64_t[::1] b = fi
+        if n:
+            memcpy(&a[0], self.idx.leaf_pgno, n * sizeof(uint64_t))
+        memcpy(&b[0], self.idx.first, (n + 1) * sizeof(uint64_t))
+        return lp, fi
+
+    @property
+    def num_records(self):
+        if self.idx == NULL:
+            raise RuntimeError('no record index')
+        return self.idx.first[self.idx.nleaves]
+
+    @property
+    def num_leaves(self):
+        return self.idx.nleaves if self.idx != NULL else 0
+
+    cdef _open_bulk(self):
+        cdef lio_error err
+        cdef int rc = lio_bulk_open(&self.bulk, self.env, &self.snap, &self.db,
+                                    self.idx, &self.ex, &err)
+        if rc:
+            raise _error(self.path, &err)
+
+    cdef _drop_index(self):
+        if self.bulk != NULL:
+            lio_bulk_close(self.bulk)
+            self.bulk = NULL
+        if self.idx != NULL:
+            lio_index_free(self.idx)
+            self.idx = NULL
+
+    def set_policy(self, size_t max_gap, size_t max_read):
+        if self.bulk != NULL:
+            lio_bulk_set_policy(self.bulk, max_gap, max_read)
+
+    def read(self, ordinals, bint keys=True):
+        """Records by ordinal, in the given order: (kdata, koff, vdata, voff)
+        numpy arrays (kdata/koff None without keys)."""
+        cdef int64_t[::1] ords = np.ascontiguousarray(ordinals, dtype=np.int64)
+        cdef size_t n = ords.shape[0]
+        cdef uint64_t kb = 0, vb = 0
+        cdef int rc
+        cdef const int64_t *optr = &ords[0] if n else NULL
+        cdef uint8_t[::1] kd
+        cdef uint8_t[::1] vd
+        cdef int64_t[::1] ko
+        cdef int64_t[::1] vo
+        cdef uint8_t *kptr = NULL
+        cdef int64_t *koptr = NULL
+        cdef uint8_t dummy = 0
+        if self.bulk == NULL:
+            raise RuntimeError('no record index')
+        with nogil:
+            rc = lio_bulk_prepare(self.bulk, optr, n, &kb, &vb)
+        if rc:
+            raise _error(self.path, lio_bulk_error(self.bulk))
+        vdata = aligned_bytes(vb, 16)
+        voff = np.empty(n + 1, dtype=np.int64)
+        vd = vdata
+        vo = voff
+        kdata = koff = None
+        if keys:
+            kdata = np.empty(kb, dtype=np.uint8)
+            koff = np.empty(n + 1, dtype=np.int64)
+            kd = kdata
+            ko = koff
+            kptr = &kd[0] if kb else &dummy
+            koptr = &ko[0]
+        with nogil:
+            rc = lio_bulk_fill(self.bulk, kptr, koptr,
+                               &vd[0] if vb else &dummy, &vo[0])
+        if rc:
+            raise _error(self.path, lio_bulk_error(self.bulk))
+        return kdata, koff, vdata, voff
+
+    def stats(self):
+        """(read requests, bytes read) by the reader threads so far."""
+        cdef uint64_t r = 0, b = 0
+        if self.pool != NULL:
+            lio_pool_stats(self.pool, &r, &b)
+        return r, b
+
+    def close(self):
+        self._drop_index()
+        if self.pool != NULL:
+            lio_pool_close(self.pool)
+            self.pool = NULL
+        if self.env != NULL:
+            lio_env_close(self.env)
+            self.env = NULL
+        if self.posix != NULL:
+            lio_posix_close(self.posix)
+            self.posix = NULL
+
+    def __dealloc__(self):
+        self.close()
