@@ -138,7 +138,7 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                       const lio_executor *ex, lio_plan *plan,
                       const uint64_t *level, uint64_t n, int leaf_level,
                       uint64_t **next_out, uint64_t *next_n, uint64_t *counts,
-                      uint64_t *pages_read, lio_error *err)
+                      lio_error *err)
 {
     int dupsort = (db->flags & LIO_DUPSORT) != 0;
     int hdr_only = leaf_level && !dupsort;
@@ -198,7 +198,6 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         }
         if ((rc = ex->run(ex->ctx, plan, err)))
             goto out;
-        *pages_read += cn;
         for (uint64_t j = 0; j < cn; j++) {
             const uint8_t *p = buf + j * sz;
             uint64_t pg = order[c0 + j].pgno, pos = order[c0 + j].pos;
@@ -285,25 +284,18 @@ out:
     return rc;
 }
 
-int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
-                    const lio_dbrec *db, const lio_executor *ex,
-                    lio_error *err)
+int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                     const lio_executor *ex, uint64_t **leaves,
+                     uint64_t *nleaves, lio_error *err)
 {
-    uint64_t *level, n = 1, *counts = NULL, *first = NULL, pages_read = 0;
+    uint64_t *level, n = 1;
     lio_plan plan;
     int rc = LIO_SUCCESS;
 
-    *out = NULL;
-    if (db->root == LIO_EMPTY_ROOT) {
-        level = malloc(sizeof *level);
-        first = calloc(1, sizeof *first);
-        if (!level || !first) {
-            free(level);
-            free(first);
-            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-        }
-        return lio_index_adopt(out, snap, db, 0, level, first, err);
-    }
+    *leaves = NULL;
+    *nleaves = 0;
+    if (db->root == LIO_EMPTY_ROOT)
+        return LIO_SUCCESS;
     if (db->depth == 0 || db->depth > LIO_MAX_DEPTH)
         return lio_fail(err, LIO_CORRUPTED, db->root,
                         "page %llu: tree has impossible depth %u",
@@ -313,8 +305,7 @@ int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     level[0] = db->root;
     lio_plan_init(&plan, 0, 8u << 20);
-    for (unsigned d = 0; d < db->depth; d++) {
-        int leaf_level = d + 1 == db->depth;
+    for (unsigned d = 0; d + 1 < db->depth; d++) {
         uint64_t *next = NULL, next_n = 0;
         if (n > snap->last_pg) {
             rc = lio_fail(err, LIO_CORRUPTED, db->root,
@@ -323,37 +314,73 @@ int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                           d, (unsigned long long)n);
             break;
         }
-        if (leaf_level && !(counts = malloc(n * sizeof *counts))) {
-            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-            break;
-        }
-        rc = scan_level(env, snap, db, ex, &plan, level, n, leaf_level, &next,
-                        &next_n, counts, &pages_read, err);
-        if (rc || leaf_level)
+        rc = scan_level(env, snap, db, ex, &plan, level, n, 0, &next, &next_n,
+                        NULL, err);
+        if (rc)
             break;
         free(level);
         level = next;
         n = next_n;
     }
     lio_plan_free(&plan);
-    if (rc == LIO_SUCCESS) {
-        first = malloc((n + 1) * sizeof *first);
-        if (!first) {
-            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-        } else {
-            first[0] = 0;
-            for (uint64_t i = 0; i < n; i++)
-                first[i + 1] = first[i] + counts[i];
-        }
-    }
-    free(counts);
+    if (rc == LIO_SUCCESS && n > snap->last_pg)
+        rc = lio_fail(err, LIO_CORRUPTED, db->root,
+                      "page %llu: the tree has %llu leaves, more than the "
+                      "file's pages", (unsigned long long)db->root,
+                      (unsigned long long)n);
     if (rc) {
         free(level);
-        free(first);
         return rc;
     }
-    rc = lio_index_adopt(out, snap, db, n, level, first, err);
+    *leaves = level;
+    *nleaves = n;
+    return LIO_SUCCESS;
+}
+
+int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                    const lio_executor *ex, const uint64_t *leaves,
+                    uint64_t n, uint64_t *counts, lio_error *err)
+{
+    lio_plan plan;
+    int rc;
+    if (n == 0)
+        return LIO_SUCCESS;
+    lio_plan_init(&plan, 0, 8u << 20);
+    rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, NULL, NULL,
+                    counts, err);
+    lio_plan_free(&plan);
+    return rc;
+}
+
+int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, const lio_executor *ex,
+                    lio_error *err)
+{
+    uint64_t *leaves, n, *counts = NULL, *first;
+    int rc;
+
+    *out = NULL;
+    if ((rc = lio_index_leaves(env, snap, db, ex, &leaves, &n, err)))
+        return rc;
+    counts = malloc((n ? n : 1) * sizeof *counts);
+    first = malloc((n + 1) * sizeof *first);
+    if (!counts || !first) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto fail;
+    }
+    if ((rc = lio_index_count(env, snap, db, ex, leaves, n, counts, err)))
+        goto fail;
+    first[0] = 0;
+    for (uint64_t i = 0; i < n; i++)
+        first[i + 1] = first[i] + counts[i];
+    free(counts);
+    rc = lio_index_adopt(out, snap, db, n, leaves, first, err);
     if (rc == LIO_SUCCESS)
-        (*out)->pages_read = pages_read;
+        (*out)->pages_read = n;
+    return rc;
+fail:
+    free(leaves);
+    free(counts);
+    free(first);
     return rc;
 }

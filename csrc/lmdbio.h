@@ -51,6 +51,8 @@ typedef struct lio_error {
     int sys_errno;       /* errno for LIO_SYSERR, else 0 */
     uint64_t pgno;       /* page the problem is on, UINT64_MAX if none */
     char msg[256];       /* human-readable, names the page and the problem */
+    uint64_t off;        /* LIO_SYSERR: file offset of the failed read, else
+                          * UINT64_MAX */
 } lio_error;
 
 /* A byte string: key or value.  Pointers returned by the core stay valid
@@ -211,13 +213,23 @@ typedef struct lio_index {
     uint64_t *leaf_pgno;     /* leaves in key order */
     uint64_t *first;         /* first[i]: ordinal of leaf i's first record;
                               * first[nleaves] = the record count */
-    uint64_t pages_read;     /* statistics of the build */
+    uint64_t pages_read;     /* leaves counted by the build */
 } lio_index;
 
 int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
                     lio_error *err);
-/* Index from cached arrays (takes ownership of the arrays). */
+/* The two steps of a build, so that ranks can share the second: the leaves
+ * in key order (from the branch levels), then the record count of some of
+ * them (their headers; whole leaves for DUPSORT). */
+int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                     const lio_executor *ex, uint64_t **leaves,
+                     uint64_t *nleaves, lio_error *err);
+int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                    const lio_executor *ex, const uint64_t *leaves,
+                    uint64_t n, uint64_t *counts, lio_error *err);
+/* Index from leaves and first[] = prefix sums of their counts (takes
+ * ownership of both arrays; checked against the snapshot). */
 int lio_index_adopt(lio_index **out, const lio_meta *snap,
                     const lio_dbrec *db, uint64_t nleaves, uint64_t *leaf_pgno,
                     uint64_t *first, lio_error *err);
@@ -243,8 +255,55 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
                   int64_t *voff);
 const lio_error *lio_bulk_error(const lio_bulk *b);
 void lio_bulk_close(lio_bulk *b);
+/* For collective executors (MPI-IO): each prepare and each fill runs the
+ * executor exactly once, with an empty plan when it has nothing to read or
+ * failed before reading, so that every rank joins every collective step. */
+void lio_bulk_set_collective(lio_bulk *b, int on);
 /* Coalescing policy for both steps (defaults: 64 KiB gap, 8 MiB reads). */
 void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read);
+
+/* ---- structural verification (verify.c) -------------------------------- */
+
+typedef struct lio_verify_opts {
+    /* Called for each problem found: the page it is on (LIO_NO_PAGE ==
+     * UINT64_MAX if none) and a message that names it. */
+    void (*report)(void *ctx, uint64_t pgno, const char *msg);
+    /* Called every progress_every pages read; nonzero stops the walk. */
+    int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total);
+    void *ctx;
+    uint64_t progress_every;
+    uint64_t max_problems;   /* stop after this many (0: no limit) */
+    const void *db_name;     /* only this named DB (NULL: the whole file) */
+    size_t db_name_len;
+} lio_verify_opts;
+
+typedef struct lio_verify_stats {
+    uint64_t problems;
+    uint64_t pages_read;
+    uint64_t trees;          /* non-empty trees walked */
+    uint64_t named_dbs;
+    uint64_t free_pages;     /* pages listed in the free DB */
+    uint64_t pages_past_eof; /* pages up to mm_last_pg past the end of file */
+} lio_verify_stats;
+
+/* Walk every tree of `snap` (free DB, main DB, named DBs, duplicate
+ * sub-trees) and check every invariant of the format, reporting each
+ * problem.  0 when the walk finished (st->problems says whether the file is
+ * clean), or a negative LIO_* code for what stopped it (I/O error, out of
+ * memory, the progress callback, a missing db_name: LIO_NOTFOUND). */
+int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
+               lio_verify_stats *st, lio_error *err);
+
+/* ---- memory source (memsrc.c): a whole file in a byte buffer ----------- */
+
+typedef struct lio_membuf {
+    const uint8_t *data;
+    size_t size;
+} lio_membuf;
+/* A source reading from buf (which must outlive it), and an executor that
+ * performs plans by copying from it (fuzzing, tests). */
+void lio_mem_source(lio_source *src, lio_membuf *buf);
+void lio_mem_executor(lio_executor *ex, lio_membuf *buf);
 
 /* ---- posix source (io_posix.c) --------------------------------------- */
 
@@ -255,6 +314,19 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
                    lio_error *err);
 void lio_posix_get_source(lio_posix *p, lio_source *src);
 void lio_posix_close(lio_posix *p);
+/* Read errors: EINTR is retried, a short read is continued, EIO is retried
+ * twice, and a read that meets the end of the file inside a range the file
+ * size said exists is retried after a new stat (the file shrank): what
+ * persists is LIO_SYSERR with sys_errno and off set.
+ *
+ * Fault injection (test builds compiled with -DLMDBIO_FAULT_INJECTION only):
+ * lio_posix_open reads $LMDBIO_FAULT, "MODE[,at=OFF][,after=N][,times=M]"
+ * with MODE eio | eintr | short | zero: reads whose range covers byte OFF
+ * (any read without at=), after the first N such reads, at most M times,
+ * fail with EIO / EINTR, return half the bytes asked for, or return 0 (end
+ * of file).  Returns 1 and the number of faults injected so far in this
+ * process when compiled in, else 0. */
+int lio_fault_injection(uint64_t *injected);
 
 /* A pool of reader threads performing plans with preadv on a posix source
  * (several requests in flight for high-latency storage).  Requests and
