@@ -31,6 +31,8 @@ struct lio_bulk {
     lio_plan plan;
     size_t max_gap, max_read;
     int dupsort;
+    int collective;           /* every step runs the executor exactly once */
+    int ran;                  /* the current step has run it */
     /* leaves of the current batch */
     uint64_t *leaves;         /* leaf numbers (index positions), sorted */
     size_t nleaves, leaves_cap;
@@ -42,7 +44,11 @@ struct lio_bulk {
     /* duplicates that live in a sub-database are copied out here */
     uint8_t *arena;
     size_t arena_len, arena_cap;
-    lio_cursor *dupcur;
+    lio_cursor *dupcur;       /* walks duplicates kept in sub-databases */
+    uint8_t dup_key[LIO_MAX_KEY_SIZE];
+    uint32_t dup_klen;
+    uint64_t dup_pos;         /* dupcur is on this duplicate of dup_key */
+    int dup_valid;
     /* overflow reads: (first page, record) pairs sorted by page */
     uint64_t *ov_order;
     uint8_t *ov_hdr;
@@ -106,6 +112,28 @@ void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
 }
 
 const lio_error *lio_bulk_error(const lio_bulk *b) { return &b->err; }
+
+void lio_bulk_set_collective(lio_bulk *b, int on) { b->collective = on; }
+
+static int run_plan(lio_bulk *b)
+{
+    b->ran = 1;
+    return b->ex.run(b->ex.ctx, &b->plan, &b->err);
+}
+
+/* A collective executor needs every rank in every step: a step that failed
+ * before reading, or has nothing to read, still joins with an empty plan.
+ * Its own error is kept; the caller agrees on the outcome afterwards. */
+static int end_step(lio_bulk *b, int rc)
+{
+    if (b->collective && !b->ran) {
+        lio_error ignored;
+        lio_plan_reset(&b->plan);
+        b->ran = 1;
+        b->ex.run(b->ex.ctx, &b->plan, &ignored);
+    }
+    return rc;
+}
 
 void lio_bulk_close(lio_bulk *b)
 {
@@ -177,7 +205,7 @@ static int load_leaves(lio_bulk *b)
             goto out;
         }
     }
-    if ((rc = b->ex.run(b->ex.ctx, &b->plan, &b->err)))
+    if ((rc = run_plan(b)))
         goto out;
     for (size_t slot = 0; slot < b->nleaves; slot++) {
         const uint8_t *p = b->leafbuf + slot * env->psize;
@@ -208,7 +236,10 @@ out:
 
 static int arena_put(lio_bulk *b, const lio_val *v, uint64_t *at)
 {
-    if (reserve((void **)&b->arena, &b->arena_cap, b->arena_len + v->size, 1))
+    /* at least one byte: the arena is never NULL once a value is in it
+     * (an empty value would otherwise make NULL + 0 pointers; fuzzing) */
+    if (reserve((void **)&b->arena, &b->arena_cap,
+                b->arena_len + (v->size ? v->size : 1), 1))
         return oom(b);
     memcpy(b->arena + b->arena_len, v->data, v->size);
     *at = b->arena_len;
@@ -216,20 +247,39 @@ static int arena_put(lio_bulk *b, const lio_val *v, uint64_t *at)
     return LIO_SUCCESS;
 }
 
-/* Duplicate number `dup` of the key in a sub-database, via a cursor. */
+/* Duplicate number `dup` of the key in a sub-database, via a cursor that
+ * stays where it was: reading a key's duplicates in order costs one step
+ * each; elsewhere it seeks to the key and steps forward. */
 static int subdb_dup(lio_bulk *b, const uint8_t *key, uint32_t ksize,
                      uint64_t dup, rec *r)
 {
     lio_val k = {key, ksize}, v;
     uint64_t at = 0;
-    int rc;
+    int rc = LIO_SUCCESS;
     if (!b->dupcur &&
         (rc = lio_cursor_open(&b->dupcur, b->env, &b->snap, &b->db, &b->err)))
         return rc;
-    rc = lio_cursor_get(b->dupcur, &k, &v, LIO_SET_KEY);
-    for (uint64_t i = 0; rc == 0 && i < dup; i++)
-        rc = lio_cursor_get(b->dupcur, &k, &v, LIO_NEXT_DUP);
+    if (!(b->dup_valid && b->dup_klen == ksize && ksize <= LIO_MAX_KEY_SIZE &&
+          !memcmp(b->dup_key, key, ksize) && b->dup_pos <= dup)) {
+        b->dup_valid = 0;
+        if ((rc = lio_cursor_get(b->dupcur, &k, &v, LIO_SET_KEY)))
+            goto done;
+        b->dup_pos = 0;
+        if (ksize <= LIO_MAX_KEY_SIZE) {
+            memcpy(b->dup_key, key, ksize);
+            b->dup_klen = ksize;
+            b->dup_valid = 1;
+        }
+    }
+    while (b->dup_pos < dup) {
+        if ((rc = lio_cursor_get(b->dupcur, &k, &v, LIO_NEXT_DUP)))
+            goto done;
+        b->dup_pos++;
+    }
+    rc = lio_cursor_get(b->dupcur, &k, &v, LIO_GET_CURRENT);
+done:
     if (rc) {
+        b->dup_valid = 0;
         if (rc == LIO_NOTFOUND)
             return lio_fail(&b->err, LIO_CORRUPTED, LIO_NO_PAGE,
                             "a duplicate sub-database holds fewer values "
@@ -345,14 +395,15 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     int rc = LIO_SUCCESS;
 
     b->err.code = 0;
+    b->ran = 0;
     b->nrecs = 0;
     b->nleaves = 0;
     b->arena_len = 0;
     if (reserve((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
-        return oom(b);
+        return end_step(b, oom(b));
     leafof = malloc((n ? n : 1) * sizeof *leafof);
     if (!leafof)
-        return oom(b);
+        return end_step(b, oom(b));
     for (size_t i = 0; i < n; i++) {
         if (ordinals[i] < 0 || (uint64_t)ordinals[i] >= total) {
             rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
@@ -404,7 +455,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     *value_bytes = vb;
 out:
     free(leafof);
-    return rc;
+    return end_step(b, rc);
 }
 
 int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
@@ -416,6 +467,7 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
     int rc;
 
     b->err.code = 0;
+    b->ran = 0;
     if (kdata)
         koff[0] = 0;
     voff[0] = 0;
@@ -434,14 +486,14 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
         voff[i + 1] = vpos;
     }
     if (!nov)
-        return LIO_SUCCESS;
+        return end_step(b, LIO_SUCCESS);
     if (nov > b->ov_cap) {
         uint64_t *o = realloc(b->ov_order, nov * 2 * sizeof *o);
         uint8_t *h = o ? realloc(b->ov_hdr, nov * PAGEHDRSZ) : NULL;
         if (o)
             b->ov_order = o;
         if (!h)
-            return oom(b);
+            return end_step(b, oom(b));
         b->ov_hdr = h;
         b->ov_cap = nov;
     }
@@ -465,11 +517,11 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
                                PAGEHDRSZ)) ||
             (rc = lio_plan_add(&b->plan, off + PAGEHDRSZ, vdata + voff[i],
                                (size_t)r->vsize)))
-            return lio_fail(&b->err, rc, r->ovpg,
-                            "page %llu: overflow runs overlap",
-                            (unsigned long long)r->ovpg);
+            return end_step(b, lio_fail(&b->err, rc, r->ovpg,
+                                        "page %llu: overflow runs overlap",
+                                        (unsigned long long)r->ovpg));
     }
-    if ((rc = b->ex.run(b->ex.ctx, &b->plan, &b->err)))
+    if ((rc = run_plan(b)))
         return rc;
     for (size_t j = 0; j < nov; j++) {
         size_t i = (size_t)b->ov_order[2 * j + 1];
@@ -478,6 +530,13 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
         uint64_t need = (PAGEHDRSZ + r->vsize + env->psize - 1) / env->psize;
         if (j && b->ov_order[2 * (j - 1)] == r->ovpg) {
             size_t prev = (size_t)b->ov_order[2 * (j - 1) + 1];
+            if (b->recs[prev].vsize != r->vsize)
+                return lio_fail(&b->err, LIO_CORRUPTED, r->ovpg,
+                                "page %llu: two values of %llu and %llu bytes "
+                                "share one overflow run",
+                                (unsigned long long)r->ovpg,
+                                (unsigned long long)b->recs[prev].vsize,
+                                (unsigned long long)r->vsize);
             memcpy(vdata + voff[i], vdata + voff[prev], (size_t)r->vsize);
             memcpy(b->ov_hdr + j * PAGEHDRSZ, h - PAGEHDRSZ, PAGEHDRSZ);
             continue;

@@ -11,20 +11,140 @@
 
 #include "core.h"
 
+#include <sys/uio.h>
+
+/* ---- fault injection (test builds only, see lmdbio.h) ------------------ */
+
+enum { FI_NONE, FI_EIO, FI_EINTR, FI_SHORT, FI_ZERO };
+
+typedef struct fault_spec {
+    int mode;
+    uint64_t at;          /* UINT64_MAX: any read */
+    uint64_t after;       /* eligible reads to let through first */
+    uint64_t times;       /* faults at most (UINT64_MAX: unlimited) */
+    uint64_t seen;        /* eligible reads so far */
+} fault_spec;
+
+static uint64_t faults_injected;
+
+#ifdef LMDBIO_FAULT_INJECTION
+static void fault_parse(fault_spec *f)
+{
+    const char *s = getenv("LMDBIO_FAULT");
+    char buf[256], *tok, *save = NULL;
+    memset(f, 0, sizeof *f);
+    f->at = UINT64_MAX;
+    f->times = UINT64_MAX;
+    if (!s || !*s || strlen(s) >= sizeof buf)
+        return;
+    strcpy(buf, s);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(tok, "eio"))
+            f->mode = FI_EIO;
+        else if (!strcmp(tok, "eintr"))
+            f->mode = FI_EINTR;
+        else if (!strcmp(tok, "short"))
+            f->mode = FI_SHORT;
+        else if (!strcmp(tok, "zero"))
+            f->mode = FI_ZERO;
+        else if (!strncmp(tok, "at=", 3))
+            f->at = strtoull(tok + 3, NULL, 0);
+        else if (!strncmp(tok, "after=", 6))
+            f->after = strtoull(tok + 6, NULL, 0);
+        else if (!strncmp(tok, "times=", 6))
+            f->times = strtoull(tok + 6, NULL, 0);
+    }
+}
+#endif
+
+int lio_fault_injection(uint64_t *injected)
+{
+    *injected = __atomic_load_n(&faults_injected, __ATOMIC_RELAXED);
+#ifdef LMDBIO_FAULT_INJECTION
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The fault for a read of len bytes at off: FI_NONE, or the mode to apply. */
+static int fault_for(fault_spec *f, uint64_t off, size_t len)
+{
+    uint64_t k;
+    if (f->mode == FI_NONE || len == 0)
+        return FI_NONE;
+    if (f->at != UINT64_MAX && (f->at < off || f->at - off >= len))
+        return FI_NONE;
+    k = __atomic_fetch_add(&f->seen, 1, __ATOMIC_RELAXED);
+    if (k < f->after || k - f->after >= f->times)
+        return FI_NONE;
+    __atomic_fetch_add(&faults_injected, 1, __ATOMIC_RELAXED);
+    return f->mode;
+}
+
 struct lio_posix {
     int fd;
     size_t align;
+    fault_spec fault;
 };
+
+/* pread / preadv through the fault hook.  FI_SHORT halves the request:
+ * whole iovecs are dropped from the end (the callers continue). */
+static ssize_t x_preadv(lio_posix *p, struct iovec *iov, int cnt, off_t off)
+{
+    size_t len = 0;
+    for (int i = 0; i < cnt; i++)
+        len += iov[i].iov_len;
+    switch (fault_for(&p->fault, (uint64_t)off, len)) {
+    case FI_EIO:
+        errno = EIO;
+        return -1;
+    case FI_EINTR:
+        errno = EINTR;
+        return -1;
+    case FI_ZERO:
+        return 0;
+    case FI_SHORT:
+        if (len > 1) {
+            struct iovec tmp[1];
+            size_t want = len / 2;
+            if (cnt > 1 && iov[0].iov_len <= want) {
+                int k = 0;
+                size_t got = 0;
+                while (k < cnt && got + iov[k].iov_len <= want)
+                    got += iov[k++].iov_len;
+                return preadv(p->fd, iov, k, off);
+            }
+            tmp[0].iov_base = iov[0].iov_base;
+            tmp[0].iov_len = want < iov[0].iov_len ? want : iov[0].iov_len;
+            return preadv(p->fd, tmp, 1, off);
+        }
+        break;
+    }
+    return preadv(p->fd, iov, cnt, off);
+}
+
+static ssize_t x_pread(lio_posix *p, void *buf, size_t len, off_t off)
+{
+    struct iovec iov = {buf, len};
+    if (p->fault.mode == FI_NONE)
+        return pread(p->fd, buf, len, off);
+    return x_preadv(p, &iov, 1, off);
+}
+
+#define EIO_RETRIES 2
 
 static int64_t posix_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
     lio_posix *p = ctx;
+    int eio = 0;
     for (;;) {
-        ssize_t n = pread(p->fd, buf, len, (off_t)off);
+        ssize_t n = x_pread(p, buf, len, (off_t)off);
         if (n >= 0)
             return n;
-        if (errno != EINTR)
-            return -errno;
+        if (errno == EINTR || (errno == EIO && eio++ < EIO_RETRIES))
+            continue;
+        return -errno;
     }
 }
 
@@ -51,6 +171,9 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
     if (!p)
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     p->align = 1;
+#ifdef LMDBIO_FAULT_INJECTION
+    fault_parse(&p->fault);
+#endif
     p->fd = open(path, flags);
     if (p->fd < 0) {
         int e = errno;
@@ -103,8 +226,6 @@ void lio_posix_close(lio_posix *p)
 
 /* ---- a pool of reader threads performing plans ------------------------- */
 
-#include <sys/uio.h>
-
 #define MAX_IOV 1024
 
 struct lio_pool {
@@ -122,7 +243,24 @@ struct lio_pool {
     int rc;
     lio_error err;
     uint64_t requests, bytes;
+    pid_t pid;                /* the process whose threads these are */
 };
+
+/* A planned read (whose extent was checked against the file size) met the
+ * end of the file: it shrank while being read. */
+static int shrank(lio_posix *p, lio_error *err, uint64_t off)
+{
+    struct stat st;
+    long long size = fstat(p->fd, &st) == 0 ? (long long)st.st_size : -1;
+    lio_fail_sys(err, EIO, off, "read failed");
+    if (err)
+        snprintf(err->msg, sizeof err->msg, "read failed at offset %llu: end "
+                 "of file %s; it is %lld bytes now", (unsigned long long)off,
+                 size >= 0 && (unsigned long long)size <= off
+                 ? "(the file shrank while being read)" : "inside the file",
+                 size);
+    return LIO_SYSERR;
+}
 
 /* One planned read: preadv straight into its segments, or, for O_DIRECT,
  * into an aligned staging buffer that is then scattered. */
@@ -133,7 +271,7 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
     struct iovec iov[MAX_IOV];
     uint64_t requests = 0, bytes = 0;
     size_t nseg = r->nseg, i;
-    int rc = 0;
+    int rc = 0, eio = 0, eof = 0;
 
     if (p->align > 1) {
         uint64_t start = r->off - r->off % p->align;
@@ -146,19 +284,20 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
             return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE,
                             "cannot allocate a %zu-byte staging buffer", span);
         while (got < (size_t)(r->off + r->len - start)) {
-            ssize_t n = pread(p->fd, stage + got, span - got,
-                              (off_t)(start + got));
+            ssize_t n = x_pread(p, stage + got, span - got,
+                                (off_t)(start + got));
             requests++;
-            if (n < 0 && errno == EINTR)
+            if (n < 0 && (errno == EINTR ||
+                          (errno == EIO && eio++ < EIO_RETRIES)))
                 continue;
             if (n < 0) {
                 rc = lio_fail_sys(err, errno, start + got, "read failed");
                 break;
             }
             if (n == 0) {
-                rc = lio_fail(err, LIO_PAGE_NOTFOUND, LIO_NO_PAGE,
-                              "the file ends at byte %llu, inside a planned "
-                              "read", (unsigned long long)(start + got));
+                if (eof++ < EIO_RETRIES)
+                    continue;
+                rc = shrank(p, err, start + got);
                 break;
             }
             bytes += (uint64_t)n;
@@ -179,18 +318,19 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
             iov[i].iov_len = plan->segs[r->first_seg + i].len;
         }
         while (cnt) {
-            ssize_t n = preadv(p->fd, iov + first, (int)cnt, (off_t)off);
+            ssize_t n = x_preadv(p, iov + first, (int)cnt, (off_t)off);
             requests++;
-            if (n < 0 && errno == EINTR)
+            if (n < 0 && (errno == EINTR ||
+                          (errno == EIO && eio++ < EIO_RETRIES)))
                 continue;
             if (n < 0) {
                 rc = lio_fail_sys(err, errno, off, "read failed");
                 break;
             }
             if (n == 0) {
-                rc = lio_fail(err, LIO_PAGE_NOTFOUND, LIO_NO_PAGE,
-                              "the file ends at byte %llu, inside a planned "
-                              "read", (unsigned long long)off);
+                if (eof++ < EIO_RETRIES)
+                    continue;
+                rc = shrank(p, err, off);
                 break;
             }
             bytes += (uint64_t)n;
@@ -207,10 +347,12 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
             }
         }
     }
-    pthread_mutex_lock(&pool->mu);
-    pool->requests += requests;
-    pool->bytes += bytes;
-    pthread_mutex_unlock(&pool->mu);
+    if (pool->pid == getpid()) {
+        pthread_mutex_lock(&pool->mu);
+        pool->requests += requests;
+        pool->bytes += bytes;
+        pthread_mutex_unlock(&pool->mu);
+    }
     return rc;
 }
 
@@ -267,7 +409,9 @@ static int pool_run(void *ctx, const lio_plan *plan, lio_error *err)
     int rc;
     if (plan->nreads == 0)
         return LIO_SUCCESS;
-    if (plan->nreads == 1 || pool->nthreads == 0) {
+    /* A forked child has no reader threads (and the pool's locks may have
+     * been held by one at the fork): it reads by itself, touching neither. */
+    if (plan->nreads == 1 || pool->nthreads == 0 || pool->pid != getpid()) {
         for (size_t i = 0; i < plan->nreads; i++)
             if ((rc = do_read(pool, plan, &plan->reads[i], err)))
                 return rc;
@@ -302,6 +446,7 @@ int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
     if (!pool)
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     pool->p = p;
+    pool->pid = getpid();
     pthread_mutex_init(&pool->run_mu, NULL);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->work, NULL);
@@ -342,6 +487,12 @@ void lio_pool_close(lio_pool *pool)
 {
     if (!pool)
         return;
+    if (pool->pid != getpid()) {
+        /* In a forked child the threads are gone: release memory only. */
+        free(pool->threads);
+        free(pool);
+        return;
+    }
     pthread_mutex_lock(&pool->mu);
     pool->stop = 1;
     pthread_cond_broadcast(&pool->work);
