@@ -11,7 +11,7 @@ from libc.string cimport memcpy
 
 import numpy as np
 
-from lmdbio.errors import make_error
+from lmdbio.errors import make_error, disk_error
 
 cdef extern from "lmdbio.h" nogil:
     ctypedef struct lio_error:
@@ -19,6 +19,7 @@ cdef extern from "lmdbio.h" nogil:
         int sys_errno
         uint64_t pgno
         char msg[256]
+        uint64_t off
     ctypedef struct lio_dbrec:
         uint32_t pad
         unsigned short flags
@@ -46,8 +47,23 @@ cdef extern from "lmdbio.h" nogil:
         pass
     ctypedef struct lio_bulk:
         pass
+    ctypedef struct lio_read:
+        uint64_t off
+        size_t first_seg
+        size_t nseg
+        size_t len
+    ctypedef struct lio_seg:
+        uint8_t *dst
+        size_t len
+    ctypedef struct lio_plan:
+        lio_read *reads
+        size_t nreads
+        lio_seg *segs
+        size_t nsegs
+    ctypedef int (*lio_run_fn)(void *ctx, const lio_plan *plan, lio_error *err)
     ctypedef struct lio_executor:
-        pass
+        void *ctx
+        lio_run_fn run
     ctypedef struct lio_index:
         uint64_t txnid
         uint64_t root
@@ -57,6 +73,7 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t pages_read
 
     int LIO_SUCCESS, LIO_RETRY, LIO_NOTFOUND, LIO_ENOMEM, LIO_SYSERR
+    int LIO_EINVAL
     uint64_t LIO_EMPTY_ROOT
 
     int lio_posix_open(lio_posix **out, const char *path, int direct,
@@ -81,6 +98,13 @@ cdef extern from "lmdbio.h" nogil:
     int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,
                         lio_error *err)
+    int lio_index_leaves(lio_env *env, const lio_meta *snap,
+                         const lio_dbrec *db, const lio_executor *ex,
+                         uint64_t **leaves, uint64_t *nleaves, lio_error *err)
+    int lio_index_count(lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        const uint64_t *leaves, uint64_t n, uint64_t *counts,
+                        lio_error *err)
     int lio_index_adopt(lio_index **out, const lio_meta *snap,
                         const lio_dbrec *db, uint64_t nleaves,
                         uint64_t *leaf_pgno, uint64_t *first, lio_error *err)
@@ -96,10 +120,20 @@ cdef extern from "lmdbio.h" nogil:
     const lio_error *lio_bulk_error(const lio_bulk *b)
     void lio_bulk_close(lio_bulk *b)
     void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
+    void lio_bulk_set_collective(lio_bulk *b, int on)
+
+
+cdef int _py_run(void *ctx, const lio_plan *plan, lio_error *err) noexcept nogil:
+    with gil:
+        return (<BulkFile>ctx)._run_in_python(plan, err)
 
 
 cdef object _error(str path, const lio_error *err):
     msg = err.msg.decode('utf-8', 'replace')
+    if err.code == LIO_SYSERR and err.off != <uint64_t>-1:
+        # a read of the data file failed after the core's retries
+        return disk_error('%s: %s' % (path, msg), err.sys_errno or 5, path,
+                          err.off)
     return make_error('%s: %s' % (path, msg), err.code, sys_errno=err.sys_errno)
 
 
@@ -122,12 +156,16 @@ cdef class BulkFile:
     cdef lio_meta snap
     cdef lio_dbrec db
     cdef lio_index *idx
-    cdef lio_bulk *bulk
+    cdef lio_bulk *bulk            # batch reads through ex
+    cdef lio_bulk *bulk_ind        # independent reads (posix), if ex differs
+    cdef lio_executor posix_ex     # independent reads (index build, cursors)
     cdef readonly str path
     cdef readonly bint has_db
+    cdef object executor           # a Python executor (MPI-IO), or None
+    cdef object executor_error
 
     def __cinit__(self, str path, bint direct=False, unsigned threads=4,
-                  size_t cache_bytes=4 << 20):
+                  size_t cache_bytes=4 << 20, executor=None):
         cdef lio_error err
         cdef int rc
         cdef bytes bpath = path.encode()
@@ -146,7 +184,52 @@ cdef class BulkFile:
             rc = lio_pool_open(&self.pool, self.posix, threads, &err)
         if rc:
             raise _error(path, &err)
-        lio_pool_get_executor(self.pool, &self.ex)
+        lio_pool_get_executor(self.pool, &self.posix_ex)
+        self.ex = self.posix_ex
+        if executor is not None:
+            # Batch reads go through executor.read_extents(offsets, lengths,
+            # out): e.g. one MPI-IO collective read per step.
+            self.executor = executor
+            self.ex.ctx = <void *>self
+            self.ex.run = _py_run
+
+    cdef int _run_in_python(self, const lio_plan *plan, lio_error *err):
+        cdef size_t i, j, pos = 0, total = 0
+        cdef const lio_read *r
+        cdef const lio_seg *sg
+        cdef uint8_t[::1] st
+        cdef int64_t[::1] offs
+        cdef int64_t[::1] lens
+        try:
+            offsets = np.empty(plan.nreads, dtype=np.int64)
+            lengths = np.empty(plan.nreads, dtype=np.int64)
+            offs = offsets
+            lens = lengths
+            for i in range(plan.nreads):
+                offs[i] = <int64_t>plan.reads[i].off
+                lens[i] = <int64_t>plan.reads[i].len
+                total += plan.reads[i].len
+            stage = aligned_bytes(total)
+            self.executor.read_extents(offsets, lengths, stage)
+            if total:
+                st = stage
+                for i in range(plan.nreads):
+                    r = &plan.reads[i]
+                    for j in range(r.nseg):
+                        sg = &plan.segs[r.first_seg + j]
+                        memcpy(sg.dst, &st[pos], sg.len)
+                        pos += sg.len
+            return 0
+        except BaseException as e:
+            self.executor_error = e
+            msg = ('%s: %s' % (type(e).__name__, e)).encode('utf-8', 'replace')[:250]
+            err.code = LIO_SYSERR
+            err.sys_errno = 5  # EIO
+            err.pgno = <uint64_t>-1
+            err.off = <uint64_t>-1
+            memcpy(err.msg, <const char *>msg, len(msg))
+            err.msg[len(msg)] = 0
+            return LIO_SYSERR
 
     def snapshot(self, uint64_t txnid=0):
         """Take the snapshot to read (0: the newest).  False when the meta
@@ -210,11 +293,46 @@ cdef class BulkFile:
         self._drop_index()
         with nogil:
             rc = lio_index_build(&self.idx, self.env, &self.snap, &self.db,
-                                 &self.ex, &err)
+                                 &self.posix_ex, &err)
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()
         return self.idx.pages_read
+
+    def index_leaves(self):
+        """The tree's leaf page numbers in key order (branch pages only)."""
+        cdef lio_error err
+        cdef int rc
+        cdef uint64_t *leaves = NULL
+        cdef uint64_t n = 0
+        with nogil:
+            rc = lio_index_leaves(self.env, &self.snap, &self.db,
+                                  &self.posix_ex, &leaves, &n, &err)
+        if rc:
+            raise _error(self.path, &err)
+        out = np.empty(n, dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        if n:
+            memcpy(&o[0], leaves, n * sizeof(uint64_t))
+        free(leaves)
+        return out
+
+    def index_count(self, leaves):
+        """Record counts of these leaves (their headers)."""
+        cdef lio_error err
+        cdef int rc
+        cdef uint64_t[::1] lv = np.ascontiguousarray(leaves, dtype=np.uint64)
+        cdef uint64_t n = lv.shape[0]
+        counts = np.zeros(n, dtype=np.uint64)
+        cdef uint64_t[::1] c = counts
+        if n == 0:
+            return counts
+        with nogil:
+            rc = lio_index_count(self.env, &self.snap, &self.db,
+                                 &self.posix_ex, &lv[0], n, &c[0], &err)
+        if rc:
+            raise _error(self.path, &err)
+        return counts
 
     def adopt_index(self, leaf_pgno, first):
         """Use a cached index (validated against the snapshot)."""
@@ -270,11 +388,15 @@ cdef class BulkFile:
                                     self.idx, &self.ex, &err)
         if rc:
             raise _error(self.path, &err)
+        lio_bulk_set_collective(self.bulk, self.executor is not None)
 
     cdef _drop_index(self):
         if self.bulk != NULL:
             lio_bulk_close(self.bulk)
             self.bulk = NULL
+        if self.bulk_ind != NULL:
+            lio_bulk_close(self.bulk_ind)
+            self.bulk_ind = NULL
         if self.idx != NULL:
             lio_index_free(self.idx)
             self.idx = NULL
@@ -283,9 +405,35 @@ cdef class BulkFile:
         if self.bulk != NULL:
             lio_bulk_set_policy(self.bulk, max_gap, max_read)
 
-    def read(self, ordinals, bint keys=True):
+    cdef _step_error(self, const lio_error *err):
+        e = self.executor_error
+        self.executor_error = None
+        if e is not None:
+            return e
+        return _error(self.path, err)
+
+    cdef lio_bulk *_independent(self) except NULL:
+        cdef lio_error err
+        cdef int rc
+        if self.executor is None:
+            return self.bulk
+        if self.bulk_ind == NULL:
+            rc = lio_bulk_open(&self.bulk_ind, self.env, &self.snap, &self.db,
+                               self.idx, &self.posix_ex, &err)
+            if rc:
+                raise _error(self.path, &err)
+        return self.bulk_ind
+
+    def read(self, ordinals, bint keys=True, agree=None,
+             bint independent=False):
         """Records by ordinal, in the given order: (kdata, koff, vdata, voff)
-        numpy arrays (kdata/koff None without keys)."""
+        numpy arrays (kdata/koff None without keys).
+
+        agree(error or None): called after each of the two steps with this
+        step's error; a collective caller makes every rank raise when any
+        rank failed, before the next collective step.  independent: read
+        with this process's own preads even when batch reads are collective.
+        """
         cdef int64_t[::1] ords = np.ascontiguousarray(ordinals, dtype=np.int64)
         cdef size_t n = ords.shape[0]
         cdef uint64_t kb = 0, vb = 0
@@ -298,12 +446,17 @@ cdef class BulkFile:
         cdef uint8_t *kptr = NULL
         cdef int64_t *koptr = NULL
         cdef uint8_t dummy = 0
+        cdef lio_bulk *b
         if self.bulk == NULL:
             raise RuntimeError('no record index')
+        b = self._independent() if independent else self.bulk
         with nogil:
-            rc = lio_bulk_prepare(self.bulk, optr, n, &kb, &vb)
-        if rc:
-            raise _error(self.path, lio_bulk_error(self.bulk))
+            rc = lio_bulk_prepare(b, optr, n, &kb, &vb)
+        e = self._step_error(lio_bulk_error(b)) if rc else None
+        if agree is not None:
+            agree(e)
+        elif e is not None:
+            raise e
         vdata = aligned_bytes(vb, 16)
         voff = np.empty(n + 1, dtype=np.int64)
         vd = vdata
@@ -317,10 +470,13 @@ cdef class BulkFile:
             kptr = &kd[0] if kb else &dummy
             koptr = &ko[0]
         with nogil:
-            rc = lio_bulk_fill(self.bulk, kptr, koptr,
+            rc = lio_bulk_fill(b, kptr, koptr,
                                &vd[0] if vb else &dummy, &vo[0])
-        if rc:
-            raise _error(self.path, lio_bulk_error(self.bulk))
+        e = self._step_error(lio_bulk_error(b)) if rc else None
+        if agree is not None:
+            agree(e)
+        elif e is not None:
+            raise e
         return kdata, koff, vdata, voff
 
     def stats(self):

@@ -22,7 +22,7 @@ from lmdbio.errors import Error
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
 _INDEX_MAGIC = 0x6C6D6462696F6978  # "lmdbioix"
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
 _STOPPED = object()  # the prefetch thread was stopped by close()
 
 
@@ -120,6 +120,29 @@ def shard_order(n, rank, world_size, shuffle=False, seed=0, epoch=0,
     return np.ascontiguousarray(order[pos], dtype=np.int64)
 
 
+def _digest(arr):
+    """A checksum of a cached index, as a uint64."""
+    h = hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=8)
+    return np.frombuffer(h.digest(), dtype=np.uint64)[0]
+
+
+def _split(arrays, counts):
+    """Per-part (kdata, koff, vdata, voff) of a concatenated batch."""
+    kdata, koff, vdata, voff = arrays
+    parts, start = [], 0
+    for n in counts:
+        part = []
+        for data, off in ((kdata, koff), (vdata, voff)):
+            if data is None:
+                part += [None, None]
+                continue
+            o = off[start:start + n + 1]
+            part += [data[o[0]:o[-1]], o - o[0]]
+        parts.append(tuple(part))
+        start += n
+    return parts
+
+
 def _cache_dir(index_cache):
     if index_cache is True:
         base = os.environ.get('XDG_CACHE_HOME') or \
@@ -144,6 +167,22 @@ def _data_path(path, subdir):
     return path
 
 
+class _SlotSource:
+    """Transactions of a lock=True Environment: the txnid a slot pins."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def begin(self):
+        self.reader._txn = self.reader._env.begin()
+        return self.reader._txn.id()
+
+    def abort(self):
+        if self.reader._txn is not None:
+            self.reader._txn.abort()
+            self.reader._txn = None
+
+
 class Reader:
     """Bulk reader of one LMDB database: numpy batches, sharded, shuffled,
     prefetched.  See api.md section 2 for the arguments and the sharding
@@ -156,20 +195,47 @@ class Reader:
                  node_size=None, io_groups=None, hints=None,
                  prefetch_bytes=64 << 20, direct=False, lock=False,
                  index_cache=True, keys=True, threads=4):
-        if comm is not None or engine == 'mpiio' or node_local:
-            raise Error('%s: the MPI-IO engine (comm=, engine="mpiio", '
-                        'node_local=) is not available in this version of '
-                        'lmdbio; use rank=/world_size= with the POSIX engine'
-                        % (path,))
-        if engine not in ('auto', 'posix'):
+        if engine not in ('auto', 'posix', 'mpiio'):
             raise ValueError('engine must be "auto", "posix" or "mpiio"')
         if batch_size < 1:
             raise ValueError('batch_size must be at least 1')
+        self.path = os.fspath(path)
+        self._io_lock = threading.Lock()
+        self._workers = []
+        self._env = self._txn = None
+        self._file = None
+        self._comm = self._coll = self._readers = self._mpifile = None
+        self._group = None
+        self._share = None
+        if comm is None and (engine == 'mpiio' or node_local):
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self._owned = []  # communicators this Reader created and frees
+        if comm is not None:
+            from lmdbio.mpi import Collective
+            if not hasattr(comm, 'Dup') or not hasattr(comm, 'Get_rank'):
+                raise TypeError('comm must be an mpi4py communicator, not %r'
+                                % type(comm).__name__)
+            # lmdbio's own duplicate: its collectives never interleave with
+            # the caller's traffic on the same communicator.
+            self._comm = comm.Dup()
+            self._owned.append(self._comm)
+            self._coll = Collective(self._comm)
+            crank, csize = self._coll.rank, self._coll.size
+            if (rank is not None and int(rank) != crank) or \
+                    (world_size is not None and int(world_size) != csize):
+                raise ValueError('rank/world_size disagree with comm')
+            rank, world_size = crank, csize
+            if engine == 'auto':
+                engine = 'mpiio'
+        else:
+            engine = 'posix'
+        self.engine = engine
+        self.node_local = bool(node_local)
         self.rank = 0 if rank is None else int(rank)
         self.world_size = 1 if world_size is None else int(world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError('need 0 <= rank < world_size')
-        self.path = os.fspath(path)
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -177,85 +243,151 @@ class Reader:
         self.prefetch_bytes = int(prefetch_bytes)
         self.keys_wanted = bool(keys)
         self.epoch = 0
-        self._io_lock = threading.Lock()
-        self._workers = []
-        self._env = self._txn = None
-        self._file = None
         if isinstance(db, str):
             db = db.encode()
         self.db = db
-        data = _data_path(self.path, subdir)
-        self._file = BulkFile(data, direct=bool(direct), threads=threads)
         try:
-            self._pin_snapshot(lock, subdir)
-            self._file.select(db)
-            self._load_index(index_cache, data)
+            self._open(subdir, direct, threads, lock, index_cache, node_size,
+                       io_groups, hints)
         except BaseException:
             self.close()
             raise
         self.total_records = self._file.num_records
         self._order = None
 
+    def _collective(self, fn, *args):
+        """fn on every rank, all raising if any failed (no MPI: just fn)."""
+        if self._coll is None:
+            return fn(*args)
+        return self._coll.run(fn, *args)
+
+    def _open(self, subdir, direct, threads, lock, index_cache, node_size,
+              io_groups, hints):
+        data = self._collective(_data_path, self.path, subdir)
+        self._io_groups = max(1, int(io_groups or 1))
+        if self._comm is not None:
+            from lmdbio.mpi import Collective, MPIFile, NodeShare
+            if self.node_local:
+                self._share = NodeShare(self._comm, node_size)
+                readers = self._share.leaders if self._share.is_leader else None
+            else:
+                readers = self._comm
+            # Staggering (STAG): readers take turns in io_groups groups.
+            if readers is not None:
+                self._readers = Collective(readers)
+                group = self._readers.rank % self._io_groups
+                self._group = Collective(readers.Split(group,
+                                                       self._readers.rank))
+                self._owned.append(self._group.comm)
+                self._my_turn = group
+            executor = None
+            if readers is not None and self.engine == 'mpiio':
+                self._mpifile = self._group.run(
+                    MPIFile, self._group.comm, data, hints)
+                executor = self._mpifile
+            self._file = self._collective(
+                lambda: BulkFile(data, direct=bool(direct), threads=threads,
+                                 executor=executor))
+        else:
+            self._file = BulkFile(data, direct=bool(direct), threads=threads)
+        self._pin_snapshot(lock, subdir)
+        self._collective(self._file.select, self.db)
+        self._load_index(index_cache, data)
+
     # -- snapshot and index ---------------------------------------------
     def _pin_snapshot(self, lock, subdir):
-        if not lock:
-            self._file.snapshot(0)
+        source = None
+        if lock:
+            # Hold a reader slot in lock.mdb for the reader's life (as a
+            # liblmdb reader does) and read exactly the snapshot it pins.
+            # LMDB's locks do not reach across machines: multi-node reading
+            # needs a file nobody writes.
+            from lmdbio import Environment
+            self._env = self._collective(
+                lambda: Environment(self.path, subdir=subdir, lock=True,
+                                    readonly=True, max_dbs=0))
+            source = _SlotSource(self)
+        if self._coll is not None:
+            from lmdbio.mpi import pin_snapshot
+            pin_snapshot(self._coll, self._file, source)
             return
-        # Hold a reader slot in lock.mdb for the reader's life (as a liblmdb
-        # reader does), then read exactly the snapshot it pins.
-        from lmdbio import Environment
-        self._env = Environment(self.path, subdir=subdir, lock=True,
-                                readonly=True, max_dbs=0)
         for _ in range(100):
-            self._txn = self._env.begin()
-            if self._file.snapshot(self._txn.id()):
+            if self._file.snapshot(source.begin() if source else 0):
                 return
-            self._txn.abort()
+            source.abort()
         raise Error('%s: could not pin a snapshot: the writer keeps moving'
                     % self.path)
 
     def _cache_file(self, index_cache, data):
+        # The snapshot (txnid, root) within this file: identity, size and
+        # modification time catch a file replaced in place.
         st = os.stat(data)
-        key = '%s|%d|%d|%r|%d|%d' % (os.path.realpath(data), st.st_dev,
-                                      st.st_ino, self.db, self._file.txnid,
-                                      self._file.root)
+        key = '%s|%d|%d|%d|%d|%r|%d|%d' % (
+            os.path.realpath(data), st.st_dev, st.st_ino, st.st_size,
+            st.st_mtime_ns, self.db, self._file.txnid, self._file.root)
         name = hashlib.sha1(key.encode()).hexdigest() + '.npy'
         head = np.array([_INDEX_MAGIC, _INDEX_VERSION, st.st_dev, st.st_ino,
-                         self._file.txnid, self._file.root,
-                         self._file.entries], dtype=np.uint64)
+                         st.st_size, st.st_mtime_ns, self._file.txnid,
+                         self._file.root, self._file.entries],
+                        dtype=np.uint64)
         return os.path.join(_cache_dir(index_cache), name), head
+
 
     def _load_index(self, index_cache, data):
         self.index_from_cache = False
-        self.index_pages_read = 0
-        if index_cache is False or index_cache is None:
-            self.index_pages_read = self._file.build_index()
+        use_cache = index_cache is not False and index_cache is not None
+        path = head = None
+        if use_cache:
+            path, head = self._collective(self._cache_file, index_cache, data)
+
+        def load():
+            if not use_cache:
+                return None
+            try:
+                arr = np.load(path, allow_pickle=False)
+            except Exception:  # missing, truncated, not an .npy: rebuild
+                return None
+            if arr.dtype != np.uint64 or arr.ndim != 1 or \
+                    len(arr) < len(head) + 2 or \
+                    not np.array_equal(arr[:len(head)], head):
+                return None
+            n = int(arr[len(head)])
+            body = arr[len(head) + 2:]
+            if len(body) != 2 * n + 1 or arr[len(head) + 1] != _digest(body):
+                return None
+            return body[:n], body[n:]
+
+        def save(leaves, first):
+            if not use_cache:
+                return
+            body = np.concatenate([leaves, first]).astype(np.uint64)
+            blob = np.concatenate([head, np.array([len(leaves),
+                                                   _digest(body)],
+                                                  dtype=np.uint64), body])
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = '%s.%d.tmp' % (path, os.getpid())
+                with open(tmp, 'wb') as f:
+                    np.save(f, blob, allow_pickle=False)
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache directory only costs the rebuild
+
+        if self._coll is not None:
+            from lmdbio.mpi import cooperative_index
+            self.index_from_cache = cooperative_index(self._coll, self._file,
+                                                      load, save)
             return
-        path, head = self._cache_file(index_cache, data)
-        try:
-            arr = np.load(path, allow_pickle=False)
-            if arr.dtype == np.uint64 and len(arr) >= len(head) + 1 and \
-                    np.array_equal(arr[:len(head)], head):
-                n = int(arr[len(head)])
-                body = arr[len(head) + 1:]
-                if len(body) == 2 * n + 1:
-                    self._file.adopt_index(body[:n], body[n:])
-                    self.index_from_cache = True
-                    return
-        except (OSError, ValueError, Error):
-            pass  # missing, unreadable or stale: rebuild
-        self.index_pages_read = self._file.build_index()
-        lp, fi = self._file.index_arrays()
-        blob = np.concatenate([head, np.array([len(lp)], dtype=np.uint64),
-                               lp, fi])
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = '%s.%d.tmp' % (path, os.getpid())
-            with open(tmp, 'wb') as f:
-                np.save(f, blob, allow_pickle=False)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache directory only costs the rebuild
+        cached = load()
+        if cached is not None:
+            try:
+                self._file.adopt_index(*cached)
+                self.index_from_cache = True
+                return
+            except Error:
+                pass  # inconsistent with the snapshot: rebuild
+        self._file.build_index()
+        save(*self._file.index_arrays())
 
     # -- sizes ----------------------------------------------------------
     def _ordinals(self):
@@ -276,18 +408,69 @@ class Reader:
         self.epoch = int(epoch)
 
     # -- reading --------------------------------------------------------
-    def _read(self, ordinals):
+    def _read(self, ordinals, independent=True):
+        """One batch.  independent: this rank alone (pread); else a
+        collective step of every rank (MPI-IO, node sharing, staggering)."""
         if self._file is None:
             raise Error('%s: the Reader is closed' % self.path)
-        ordinals = np.ascontiguousarray(ordinals, dtype=np.int64)
+        ordinals = np.array(ordinals, dtype=np.int64)  # the Batch's own
+        if not independent and self._coll is not None:
+            return self._collective_step(ordinals)
         with self._io_lock:
-            kdata, koff, vdata, voff = self._file.read(ordinals,
-                                                       self.keys_wanted)
+            kdata, koff, vdata, voff = self._file.read(
+                ordinals, self.keys_wanted, independent=True)
         keys = Ragged(kdata, koff) if kdata is not None else None
         return Batch(ordinals, keys, Ragged(vdata, voff))
 
+    def _read_in_turns(self, ordinals):
+        """This reader's read, its io_group taking its turn; returns
+        (arrays, exception)."""
+        result = exc = None
+        for turn in range(self._io_groups):
+            if turn == self._my_turn:
+                try:
+                    agree = self._group.agree if self._mpifile else None
+                    result = self._file.read(ordinals, self.keys_wanted,
+                                             agree=agree)
+                except Exception as e:
+                    exc = e
+            if self._io_groups > 1:
+                self._readers.comm.Barrier()
+        return result, exc
+
+    def _collective_step(self, ordinals):
+        share = self._share
+        if share is None:
+            result, exc = self._read_in_turns(ordinals)
+            self._coll.agree(exc)
+            kdata, koff, vdata, voff = result
+        else:
+            # One reader per node: the leader reads every local rank's
+            # records (their ordinals follow from the sharding rule).
+            parts = exc = None
+            if share.is_leader:
+                b = self._step_index
+                bs = self.batch_size
+                mine = [self._ordinals_of(g)[b * bs:(b + 1) * bs]
+                        for g in share.members]
+                result, exc = self._read_in_turns(np.concatenate(mine))
+                if exc is None:
+                    parts = _split(result, [len(m) for m in mine])
+            self._coll.agree(exc)
+            kdata, koff, vdata, voff = share.exchange(parts)
+        keys = Ragged(kdata, koff) if kdata is not None else None
+        return Batch(ordinals, keys, Ragged(vdata, voff))
+
+    def _ordinals_of(self, rank):
+        if rank == self.rank:
+            return self._ordinals()
+        return shard_order(self.total_records, rank, self.world_size,
+                           self.shuffle, self.seed, self.epoch,
+                           self.drop_last, self.batch_size)
+
     def read(self, indices):
-        """One Batch holding the records at these ordinals, in this order."""
+        """One Batch holding the records at these ordinals, in this order
+        (independent reads: not collective, even under MPI)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < 0 or
                              indices.max() >= self.total_records):
@@ -300,6 +483,13 @@ class Reader:
         bs = self.batch_size
         starts = range(0, len(ordinals), bs)
         if not len(ordinals):
+            return
+        if self._coll is not None:
+            # Under MPI every batch is a collective step, taken in order on
+            # every rank; leaving an epoch early is collective too.
+            for i, s in enumerate(starts):
+                self._step_index = i
+                yield self._read(ordinals[s:s + bs], independent=False)
             return
         stop = threading.Event()
         q = queue.Queue()
@@ -327,12 +517,15 @@ class Reader:
 
         t = threading.Thread(target=produce, name='lmdbio-prefetch',
                              daemon=True)
-        self._workers.append((t, stop, budget))
+        worker = (t, stop, budget)
+        self._workers.append(worker)
         t.start()
         try:
             for _ in starts:
+                if self._file is None:
+                    raise Error('%s: the Reader was closed' % self.path)
                 item = q.get()
-                if item is _STOPPED:
+                if item is _STOPPED or self._file is None:
                     raise Error('%s: the Reader was closed' % self.path)
                 if isinstance(item, BaseException):
                     raise item
@@ -342,7 +535,8 @@ class Reader:
             stop.set()
             budget.release()
             t.join()
-            self._workers.remove((t, stop, budget))
+            if worker in self._workers:
+                self._workers.remove(worker)
 
     # -- statistics and lifetime ----------------------------------------
     def io_stats(self):
@@ -350,6 +544,8 @@ class Reader:
         return self._file.stats() if self._file is not None else (0, 0)
 
     def close(self):
+        """Stop the prefetch thread and free the buffers.  Under MPI this is
+        collective (it frees lmdbio's communicators and the MPI file)."""
         for t, stop, budget in list(self._workers):
             stop.set()
             budget.release()
@@ -359,12 +555,23 @@ class Reader:
             with self._io_lock:
                 self._file.close()
                 self._file = None
+        if self._mpifile is not None:
+            self._mpifile.close()
+            self._mpifile = None
+        if self._share is not None:
+            self._share.close()
+            self._share = None
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
         if self._env is not None:
             self._env.close()
             self._env = None
+        for c in reversed(getattr(self, '_owned', [])):
+            c.Free()
+        self._owned = []
+        self._group = self._readers = None
+        self._comm = self._coll = None
 
     def __enter__(self):
         return self
