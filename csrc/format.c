@@ -13,6 +13,7 @@ int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
         err->code = code;
         err->sys_errno = 0;
         err->pgno = pgno;
+        err->off = UINT64_MAX;
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
@@ -26,6 +27,7 @@ int lio_fail_sys(lio_error *err, int sys_errno, uint64_t off, const char *what)
         err->code = LIO_SYSERR;
         err->sys_errno = sys_errno;
         err->pgno = LIO_NO_PAGE;
+        err->off = off;
         snprintf(err->msg, sizeof err->msg, "%s at offset %llu: %s", what,
                  (unsigned long long)off, strerror(sys_errno));
     }
@@ -119,7 +121,9 @@ static int check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err)
 {
     int rc;
     const lio_dbrec *dbs[2] = {&m->free_db, &m->main_db};
-    if (m->last_pg < 1)
+    /* Every page number followed is checked against last_pg: bounding it
+     * here keeps pgno * psize (a file offset) from overflowing. */
+    if (m->last_pg < 1 || m->last_pg >= (uint64_t)INT64_MAX / m->psize)
         return lio_fail(err, LIO_INVALID, pgno,
                         "meta page %llu: last page %llu is impossible",
                         (unsigned long long)pgno, (unsigned long long)m->last_pg);
@@ -214,6 +218,7 @@ int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
     env->src = *src;
     env->align = src->align ? src->align : 1;
     pthread_mutex_init(&env->lock, NULL);
+    pthread_mutex_init(&env->ra_lock, NULL);
     env->lru.next = env->lru.prev = &env->lru;
     size = src->size(src->ctx);
     if (size < 0) {

@@ -31,6 +31,7 @@ __all__ = [
 ]
 # lmdbio's own (not in py-lmdb); kept out of ERROR_MAP.
 __all__.append('DatumError')
+__all__.append('SnapshotChangedError')
 
 # liblmdb's return codes (lmdb.h).
 MDB_KEYEXIST = -30799
@@ -255,7 +256,10 @@ class MemoryError(Error):
 
 
 class DiskError(Error):
-    """No more disk space."""
+    """No more disk space (py-lmdb's meaning), and in lmdbio: reading the
+    data file failed (EIO that persists after retries, or the file shrank
+    while being read).  ``errno``, ``path`` and ``offset`` (the file offset
+    of the failed read) are set for read errors."""
     MDB_NAME = 'ENOSPC'
 
 
@@ -284,11 +288,30 @@ class DatumError(Error, ValueError):
     py-lmdb class: lmdbio's own, a ValueError too."""
 
 
+class SnapshotChangedError(Error):
+    """A read without a reader slot (``lock=False``) met a damaged page after
+    a writer committed past the snapshot being read: the writer may have
+    reused the snapshot's pages, so the damage is most likely the writer's
+    new data, not a corrupt file.  Retry in a new transaction (or Reader), or
+    use ``lock=True``.  Attributes: ``txnid`` (the snapshot read),
+    ``newest`` (the newest committed txnid when it was detected).  Not a
+    py-lmdb class."""
+
+
+def disk_error(what, sys_errno, path=None, offset=None):
+    """The :class:`DiskError` for a failed read of the data file."""
+    exc = make_error(what, sys_errno, cls=DiskError, sys_errno=sys_errno)
+    exc.path = path
+    exc.offset = offset
+    return exc
+
+
 _ERRNO_NAMES = {'EACCES', 'EINVAL', 'EAGAIN', 'ENOMEM', 'ENOSPC'}
 
 #: error code -> exception class, as py-lmdb maps them.
 ERROR_MAP = {}
 DatumError.__module__ = 'lmdbio'
+SnapshotChangedError.__module__ = 'lmdbio'
 for _name in __all__:
     _cls = globals()[_name]
     _cls.__module__ = 'lmdbio'
