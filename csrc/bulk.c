@@ -182,11 +182,15 @@ static int load_leaves(lio_bulk *b)
             free(by_page);
             return oom(b);
         }
+        int sorted = 1;
         for (size_t i = 0; i < b->nleaves; i++) {
             keyed[2 * i] = idx->leaf_pgno[b->leaves[i]];
             keyed[2 * i + 1] = i;
+            if (i && keyed[2 * i] < keyed[2 * i - 2])
+                sorted = 0;
         }
-        qsort(keyed, b->nleaves, 2 * sizeof *keyed, cmp_u64);
+        if (!sorted) /* appended databases keep key order on disk */
+            qsort(keyed, b->nleaves, 2 * sizeof *keyed, cmp_u64);
         for (size_t i = 0; i < b->nleaves; i++)
             by_page[i] = (size_t)keyed[2 * i + 1];
         free(keyed);
@@ -392,6 +396,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     const lio_index *idx = b->idx;
     uint64_t total = idx->first[idx->nleaves], kb = 0, vb = 0;
     uint64_t *leafof;
+    int ascending = 1;
     int rc = LIO_SUCCESS;
 
     b->err.code = 0;
@@ -405,37 +410,57 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     if (!leafof)
         return end_step(b, oom(b));
     for (size_t i = 0; i < n; i++) {
-        if (ordinals[i] < 0 || (uint64_t)ordinals[i] >= total) {
+        uint64_t ord = (uint64_t)ordinals[i];
+        if (ordinals[i] < 0 || ord >= total) {
             rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
                           "record ordinal %lld is out of range (%llu records)",
                           (long long)ordinals[i], (unsigned long long)total);
             goto out;
         }
-        leafof[i] = lio_index_find(idx, (uint64_t)ordinals[i]);
-        b->recs[i].ordinal = (uint64_t)ordinals[i];
+        /* Consecutive ordinals mostly stay on the previous leaf or step
+         * to the next one: try those before searching. */
+        if (i && ord >= idx->first[leafof[i - 1]] &&
+            ord < idx->first[leafof[i - 1] + 1])
+            leafof[i] = leafof[i - 1];
+        else if (i && leafof[i - 1] + 1 < idx->nleaves &&
+                 ord >= idx->first[leafof[i - 1] + 1] &&
+                 ord < idx->first[leafof[i - 1] + 2])
+            leafof[i] = leafof[i - 1] + 1;
+        else
+            leafof[i] = lio_index_find(idx, ord);
+        if (i && leafof[i] < leafof[i - 1])
+            ascending = 0;
+        b->recs[i].ordinal = ord;
     }
-    /* Distinct leaves, in key order. */
+    /* Distinct leaves, in key order (a sequential batch is sorted already). */
     if (reserve((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
                 sizeof *b->leaves)) {
         rc = oom(b);
         goto out;
     }
     memcpy(b->leaves, leafof, n * sizeof *leafof);
-    qsort(b->leaves, n, sizeof *b->leaves, cmp_u64);
+    if (!ascending)
+        qsort(b->leaves, n, sizeof *b->leaves, cmp_u64);
     for (size_t i = 0; i < n; i++)
         if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
             b->leaves[b->nleaves++] = b->leaves[i];
     if ((rc = load_leaves(b)))
         goto out;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, lo = 0; i < n; i++) {
         rec *r = &b->recs[i];
-        size_t lo = 0, hi = b->nleaves;
-        while (hi - lo > 1) { /* slot of leafof[i] */
-            size_t mid = (lo + hi) / 2;
-            if (b->leaves[mid] <= leafof[i])
-                lo = mid;
-            else
-                hi = mid;
+        if (ascending) { /* slots advance with the leaves */
+            while (b->leaves[lo] != leafof[i])
+                lo++;
+        } else {
+            size_t hi = b->nleaves;
+            lo = 0;
+            while (hi - lo > 1) { /* slot of leafof[i] */
+                size_t mid = (lo + hi) / 2;
+                if (b->leaves[mid] <= leafof[i])
+                    lo = mid;
+                else
+                    hi = mid;
+            }
         }
         r->slot = (uint32_t)lo;
         rc = locate(b, b->leafbuf + lo * b->env->psize,

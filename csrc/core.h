@@ -87,6 +87,9 @@ struct lio_env {
     size_t npages, max_pages;
     lio_page lru;            /* sentinel: lru.next is the least recent */
     size_t readahead_pages;
+    pthread_mutex_t ra_lock;  /* guards ra_buf: one read-ahead at a time */
+    uint8_t *ra_buf;          /* reused for every read-ahead block */
+    size_t ra_cap;
 };
 
 /* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.

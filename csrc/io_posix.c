@@ -263,7 +263,9 @@ static int shrank(lio_posix *p, lio_error *err, uint64_t off)
 }
 
 /* One planned read: preadv straight into its segments, or, for O_DIRECT,
- * into an aligned staging buffer that is then scattered. */
+ * into an aligned staging buffer that is then scattered.  (Staging reads
+ * whose destinations are out of step with the file offsets mod 64 was
+ * measured here: it cost more CPU than the slower kernel copy it avoids.) */
 static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
                    lio_error *err)
 {

@@ -5,6 +5,7 @@
  * never served to another.  Pages held by cursors are pinned and never
  * evicted; the rest form an LRU list bounded by cache_bytes. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core.h"
@@ -108,16 +109,31 @@ static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
                       size_t need, uint64_t pgno, lio_error *err)
 {
     size_t done = 0;
+    int eofs = 0;
     while (done < need) {
         int64_t n = env->src.read(env->src.ctx, off + done, buf + done,
                                   len - done);
         if (n < 0)
             return lio_fail_sys(err, (int)-n, off + done, "read failed");
-        if (n == 0)
-            return lio_fail(err, LIO_PAGE_NOTFOUND, pgno,
-                            "page %llu: the file ended at byte %llu while "
-                            "reading it", (unsigned long long)pgno,
-                            (unsigned long long)(off + done));
+        if (n == 0) {
+            /* The size said these bytes exist: the file shrank (or a
+             * filesystem hiccup: retried twice after a new stat). */
+            int rc = refresh_size(env, err);
+            if (rc)
+                return rc;
+            if (env->file_size >= off + need && ++eofs <= 2)
+                continue;
+            lio_fail_sys(err, EIO, off + done, "read failed");
+            if (err)
+                snprintf(err->msg, sizeof err->msg, "read failed at offset "
+                         "%llu (page %llu): end of file %s; it is %llu bytes "
+                         "now", (unsigned long long)(off + done),
+                         (unsigned long long)pgno,
+                         env->file_size < off + need
+                         ? "(the file shrank while being read)"
+                         : "inside the file", (unsigned long long)env->file_size);
+            return LIO_SYSERR;
+        }
         done += (size_t)n;
         if (done < need && ((off + done) % env->align || done % env->align))
             return lio_fail_sys(err, EIO, off + done, "short unaligned read");
@@ -206,7 +222,6 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
 {
     lio_page *pg;
     uint64_t first, count, file_pages;
-    uint8_t *buf = NULL;
     const uint8_t *data;
     int rc;
 
@@ -248,10 +263,15 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         if (first + count > file_pages)
             count = file_pages - first;
     }
-    rc = lio_read_range(env, first * env->psize, (size_t)(count * env->psize),
-                        &buf, &data, pgno, err);
-    if (rc)
+    /* One reused buffer: a fresh 256 KiB allocation per miss costs more in
+     * mmap/munmap and page faults than the read itself. */
+    pthread_mutex_lock(&env->ra_lock);
+    rc = lio_read_into(env, first * env->psize, (size_t)(count * env->psize),
+                       &env->ra_buf, &env->ra_cap, &data, pgno, err);
+    if (rc) {
+        pthread_mutex_unlock(&env->ra_lock);
         return rc;
+    }
 
     pthread_mutex_lock(&env->lock);
     for (uint64_t i = 0; i < count; i++) {
@@ -263,7 +283,7 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                 if (n != pgno)
                     continue;
                 pthread_mutex_unlock(&env->lock);
-                free(buf);
+                pthread_mutex_unlock(&env->ra_lock);
                 return lio_fail(err, LIO_ENOMEM, pgno,
                                 "page %llu: out of memory for the page cache",
                                 (unsigned long long)pgno);
@@ -283,7 +303,7 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
     pin(env, pg);
     rc = validate(env, pg, err);
     pthread_mutex_unlock(&env->lock);
-    free(buf);
+    pthread_mutex_unlock(&env->ra_lock);
     if (rc) {
         lio_page_unpin(env, pg);
         return rc;
@@ -308,6 +328,8 @@ void lio_env_close(lio_env *env)
         }
         free(env->table);
     }
+    free(env->ra_buf);
+    pthread_mutex_destroy(&env->ra_lock);
     pthread_mutex_destroy(&env->lock);
     free(env);
 }
