@@ -167,6 +167,9 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int readahead)
     if (level >= LIO_MAX_DEPTH || level >= c->db.depth)
         return fail(c, LIO_CORRUPTED, pgno,
                     "tree is deeper than its recorded depth");
+    /* Read ahead around leaves only: branch pages are few and scattered,
+     * and a block read for each would only slow the first step down. */
+    readahead = readahead && level + 1 == c->db.depth;
     rc = lio_page_get(c->cur->env, &c->cur->snap, pgno, readahead, &pg,
                       &c->cur->err);
     if (rc)
