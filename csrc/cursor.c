@@ -22,6 +22,7 @@ typedef struct tcursor {
     int cmp;
     int flags;
     int subpage;                 /* root is a sub-page inside a leaf */
+    uint64_t last_leaf;          /* leaf pushed last (read-ahead detection) */
     unsigned snum, top;
     lio_page *pin[LIO_MAX_DEPTH];/* pinned cache page per level (lazy unpin) */
     const uint8_t *pg[LIO_MAX_DEPTH];
@@ -167,9 +168,16 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int readahead)
     if (level >= LIO_MAX_DEPTH || level >= c->db.depth)
         return fail(c, LIO_CORRUPTED, pgno,
                     "tree is deeper than its recorded depth");
-    /* Read ahead around leaves only: branch pages are few and scattered,
-     * and a block read for each would only slow the first step down. */
-    readahead = readahead && level + 1 == c->db.depth;
+    /* Read ahead around leaves only (branch pages are few and scattered),
+     * and only while the walk meets its leaves in file order: on a
+     * scattered layout every block read ahead would be thrown away. */
+    if (level + 1 == c->db.depth) {
+        readahead = readahead && c->last_leaf && pgno > c->last_leaf &&
+                    pgno - c->last_leaf <= c->cur->env->readahead_pages;
+        c->last_leaf = pgno;
+    } else {
+        readahead = 0;
+    }
     rc = lio_page_get(c->cur->env, &c->cur->snap, pgno, readahead, &pg,
                       &c->cur->err);
     if (rc)
