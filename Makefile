@@ -7,6 +7,10 @@
 #   make test-fast   pytest without the MPI runs
 #   make test-mpi    only the MPI runs
 #   make install     (re)build and install lmdbio into .venv (non-editable)
+#   make test-sanitize  the parser, corruption, verify, fault and live-writer
+#                    tests against an ASan+UBSan build with the fault hook
+#                    (build/sanitize), then the fuzz targets over their corpora
+#   make fuzz-smoke  each libFuzzer target (fuzz/) for FUZZ_SECONDS (30)
 #   make clean       remove build leftovers; `make distclean` also removes .venv
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
@@ -32,7 +36,8 @@ SOURCES := $(shell find csrc src/lmdbio -type f \
 DEPS_STAMP := $(VENV)/.lmdbio-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
-.PHONY: all venv deps install demo test test-fast test-mpi check-installed clean distclean
+.PHONY: all venv deps install demo test test-fast test-mpi check-installed clean distclean \
+	sanitize-build test-sanitize fuzz-smoke fuzz-regress
 
 all: install
 
@@ -87,6 +92,54 @@ test-mpi: check-installed
 		LMDBIO_TEST_MPI_SIZE=$$n timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(abspath $(VPY)) -m pytest \
 			-p no:cacheprovider -q tests/mpi $(PYTEST_ARGS) || exit $$?; \
 	done
+
+# ---- hardening (issue 6) --------------------------------------------------
+# The extension modules (_core, _bulk: the C core and its bindings) built with
+# AddressSanitizer + UBSan and the test-only fault-injection hook, into
+# build/sanitize/lib (never installed).  py-lmdb, the tests' oracle, is not
+# re-tested there (LMDBIO_TEST_SUBJECTS=lmdbio).  Python is
+# not instrumented: libasan is preloaded, leak checking is off (the
+# interpreter's own allocations), and a 3 GiB cap on single allocations
+# replaces the corruption tests' RLIMIT_AS (which ASan's shadow memory
+# cannot live under).
+SAN_DIR := build/sanitize
+SAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	-fno-omit-frame-pointer -g -DLMDBIO_FAULT_INJECTION
+SAN_STAMP := $(SAN_DIR)/.stamp
+SAN_TESTS ?= tests/test_corrupt.py tests/test_differential.py \
+	tests/test_verify.py tests/test_faults.py tests/test_live_writer.py \
+	tests/test_fuzz_regressions.py tests/test_api.py
+SAN_ENV := LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
+	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=3072:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	PYTHONPATH=$(abspath $(SAN_DIR))/lib LMDBIO_SANITIZE=1 LMDBIO_REQUIRE=1 \
+	LMDBIO_TEST_SUBJECTS=lmdbio
+CC ?= cc
+
+sanitize-build: $(SAN_STAMP)
+
+$(SAN_STAMP): $(DEPS_STAMP) $(SOURCES) setup.py
+	rm -rf $(SAN_DIR)
+	mkdir -p $(SAN_DIR)/src
+	cp -r setup.py pyproject.toml meson.build README.md csrc src $(SAN_DIR)/src/
+	cd $(SAN_DIR)/src && LMDBIO_CFLAGS="-O1 $(SAN_CFLAGS)" LMDBIO_MODULES=_core,_bulk \
+		$(abspath $(VPY)) setup.py -q build_py --build-lib ../lib build_ext -j 2 --build-lib ../lib
+	touch $@
+
+test-sanitize: $(SAN_STAMP)
+	$(SAN_ENV) $(VPY) -c "import lmdbio, sys; assert lmdbio._core._fault_injected() is not None; print('sanitizer build:', lmdbio.__file__)"
+	$(SAN_ENV) $(VPY) -m pytest -p no:cacheprovider $(SAN_TESTS) $(PYTEST_ARGS)
+	$(MAKE) fuzz-regress
+
+# The fuzz targets need clang with libFuzzer (Debian: clang libclang-rt-14-dev).
+FUZZ_SECONDS ?= 30
+fuzz-smoke:
+	$(MAKE) -C fuzz -j2 all
+	$(MAKE) -C fuzz smoke FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+fuzz-regress:
+	$(MAKE) -C fuzz -j2 all
+	$(MAKE) -C fuzz regress
 
 clean:
 	rm -rf build builddir dist .pytest_cache .hypothesis .benchmarks src/lmdbio/_core.c

@@ -40,6 +40,7 @@ struct lio_cursor {
     uint8_t *ovbuf;              /* the last overflow value read */
     size_t ovcap;
     uint64_t ov_pgno;            /* its first page, or 0 */
+    uint32_t ov_size;            /* its size */
     const uint8_t *ov_data;
 };
 
@@ -335,7 +336,9 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
     const uint8_t *p;
     int rc;
 
-    if (cur->ov_pgno == pgno && cur->ov_pgno) {
+    /* Reuse the last value only for the same run and size: two nodes of a
+     * damaged file may claim one run with different sizes (fuzzing). */
+    if (cur->ov_pgno == pgno && cur->ov_pgno && cur->ov_size == size) {
         data->data = cur->ov_data;
         data->size = size;
         return LIO_SUCCESS;
@@ -367,6 +370,7 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
                         "value of %u bytes", (unsigned long long)pgno,
                         pg_ovpages(p), size);
     cur->ov_pgno = pgno;
+    cur->ov_size = size;
     cur->ov_data = p + PAGEHDRSZ;
     data->data = cur->ov_data;
     data->size = size;
@@ -409,6 +413,14 @@ static int xcursor_init(tcursor *c, const uint8_t *leaf)
     if (!x)
         return fail(c, LIO_CORRUPTED, pgno,
                     "node has F_DUPDATA in a database without DUPSORT");
+    /* Until this succeeds the dup cursor points nowhere: a failed init must
+     * not leave it on the previous node's duplicates with this node's
+     * value size (GET_MULTIPLE read past the page; fuzzing). */
+    release_levels(x, 0);
+    x->flags = 0;
+    x->snum = x->top = 0;
+    x->subpage = 0;
+    x->db.root = LIO_EMPTY_ROOT;
     if (nd_flags(leaf) & F_SUBDATA) {
         lio_dbrec rec;
         uint16_t want = (c->db.flags & LIO_DUPFIXED)

@@ -133,16 +133,19 @@ static ssize_t x_pread(lio_posix *p, void *buf, size_t len, off_t off)
 }
 
 #define EIO_RETRIES 2
+/* A read interrupted this many times in a row is an error, not a hang. */
+#define EINTR_RETRIES 1000
 
 static int64_t posix_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
     lio_posix *p = ctx;
-    int eio = 0;
+    int eio = 0, eintr = 0;
     for (;;) {
         ssize_t n = x_pread(p, buf, len, (off_t)off);
         if (n >= 0)
             return n;
-        if (errno == EINTR || (errno == EIO && eio++ < EIO_RETRIES))
+        if ((errno == EINTR && eintr++ < EINTR_RETRIES) ||
+            (errno == EIO && eio++ < EIO_RETRIES))
             continue;
         return -errno;
     }
@@ -273,7 +276,7 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
     struct iovec iov[MAX_IOV];
     uint64_t requests = 0, bytes = 0;
     size_t nseg = r->nseg, i;
-    int rc = 0, eio = 0, eof = 0;
+    int rc = 0, eio = 0, eof = 0, eintr = 0;
 
     if (p->align > 1) {
         uint64_t start = r->off - r->off % p->align;
@@ -289,7 +292,7 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
             ssize_t n = x_pread(p, stage + got, span - got,
                                 (off_t)(start + got));
             requests++;
-            if (n < 0 && (errno == EINTR ||
+            if (n < 0 && ((errno == EINTR && eintr++ < EINTR_RETRIES) ||
                           (errno == EIO && eio++ < EIO_RETRIES)))
                 continue;
             if (n < 0) {
@@ -322,7 +325,7 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
         while (cnt) {
             ssize_t n = x_preadv(p, iov + first, (int)cnt, (off_t)off);
             requests++;
-            if (n < 0 && (errno == EINTR ||
+            if (n < 0 && ((errno == EINTR && eintr++ < EINTR_RETRIES) ||
                           (errno == EIO && eio++ < EIO_RETRIES)))
                 continue;
             if (n < 0) {

@@ -314,7 +314,8 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
                    lio_error *err);
 void lio_posix_get_source(lio_posix *p, lio_source *src);
 void lio_posix_close(lio_posix *p);
-/* Read errors: EINTR is retried, a short read is continued, EIO is retried
+/* Read errors: EINTR is retried (1000 times in a row at most), a short
+ * read is continued, EIO is retried
  * twice, and a read that meets the end of the file inside a range the file
  * size said exists is retried after a new stat (the file shrank): what
  * persists is LIO_SYSERR with sys_errno and off set.

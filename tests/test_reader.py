@@ -1363,9 +1363,11 @@ def test_closed_reader_fresh(big_env):
 
 
 CORRUPT_SCRIPT = r"""
-import json, sys, threading, time, resource
+import json, os, sys, threading, time, resource
 limit = int(sys.argv[4])
-if limit:
+# (under ASan, make test-sanitize, max_allocation_size_mb caps allocations:
+# its shadow memory cannot live under RLIMIT_AS)
+if limit and not os.environ.get("LMDBIO_SANITIZE"):
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import lmdbio
 path, bs, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -96,6 +96,8 @@ cdef extern from "lmdbio.h" nogil:
     void lio_env_close(lio_env *env)
     int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
                          lio_error *err)
+    int lio_env_read_metas(lio_env *env, lio_meta *metas, lio_error *err)
+    int lio_fault_injection(uint64_t *injected)
     int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
                      size_t len, lio_dbrec *out, lio_error *err)
 
@@ -227,6 +229,15 @@ cdef class _MemoryPool:
 
 
 _POOL = _MemoryPool()
+
+
+def _fault_injected():
+    """Faults the test-only hook injected into this module's reads (see
+    lmdbio._core._fault_injected), or None without the hook."""
+    cdef uint64_t n = 0
+    if not lio_fault_injection(&n):
+        return None
+    return n
 
 
 def aligned_bytes(size_t n, size_t phase=0):
@@ -566,6 +577,20 @@ cdef class BulkFile:
         elif e is not None:
             raise e
         return kdata, koff, vdata, voff
+
+    def newest_txnid(self):
+        """The newest committed txnid in the file now (both meta pages
+        re-read), or 0 if they cannot be read."""
+        cdef lio_meta metas[2]
+        cdef lio_error err
+        cdef int rc
+        if self.env == NULL:
+            return 0
+        with nogil:
+            rc = lio_env_read_metas(self.env, metas, &err)
+        if rc:
+            return 0
+        return max(metas[0].txnid, metas[1].txnid)
 
     def stats(self):
         """(read requests, bytes read) by the reader threads so far."""

@@ -17,7 +17,8 @@ import threading
 import numpy as np
 
 from lmdbio._bulk import BulkFile
-from lmdbio.errors import Error
+from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
+                           SnapshotChangedError)
 
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
@@ -417,10 +418,31 @@ class Reader:
         if not independent and self._coll is not None:
             return self._collective_step(ordinals)
         with self._io_lock:
-            kdata, koff, vdata, voff = self._file.read(
-                ordinals, self.keys_wanted, independent=True)
+            try:
+                kdata, koff, vdata, voff = self._file.read(
+                    ordinals, self.keys_wanted, independent=True)
+            except (CorruptedError, PageNotFoundError) as e:
+                raise self._snapshot_changed(e) from e
         keys = Ragged(kdata, koff) if kdata is not None else None
         return Batch(ordinals, keys, Ragged(vdata, voff))
+
+    def _snapshot_changed(self, exc):
+        """Without a reader slot (lock=False) a damaged page met after a
+        writer committed past the snapshot is most likely a page the writer
+        reused: SnapshotChangedError says so (else exc itself)."""
+        if self._env is not None or self._file is None:
+            return exc
+        snap = self._file.txnid
+        newest = self._file.newest_txnid()
+        if newest <= snap:
+            return exc
+        new = SnapshotChangedError(
+            '%s: snapshot txn %d was read without a reader slot (lock=False) '
+            'while a writer committed up to txn %d, so its pages may have '
+            'been reused; the damage found: %s' % (self.path, snap, newest,
+                                                   exc))
+        new.txnid, new.newest = snap, newest
+        return new
 
     def _read_in_turns(self, ordinals):
         """This reader's read, its io_group taking its turn; returns

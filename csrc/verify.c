@@ -1,0 +1,900 @@
+/* Structural verifier: walk every tree of a snapshot and check every
+ * invariant of lmdb-format.md, reporting each problem with its page.
+ *
+ * Trees: the free DB, the main DB, every named DB, every duplicate sub-tree.
+ * Checked: page headers and node bounds (lio_check_page), tree depth, page
+ * kinds per level, key order within each page and across pages (each child
+ * of a branch holds keys >= its separator and < the next one, under the
+ * tree's comparator), integer key sizes, overflow runs (flags, page count,
+ * within the snapshot), sub-pages, named and duplicate database records,
+ * the page / record counts of every MDB_db record, free-list records, and
+ * the accounting of pages: every page from 2 to mm_last_pg is reachable
+ * exactly once or listed free exactly once (never both), nothing reachable
+ * lies past mm_last_pg or the end of the file.
+ *
+ * Pages are read one at a time into per-level buffers (not the cache); the
+ * only memory that grows with the file is two bitmaps (2 bits per page). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core.h"
+
+#define VLEVELS (2 * LIO_MAX_DEPTH + 2)
+
+enum { T_MAIN, T_NAMED, T_FREE, T_DUP };
+enum { CMP_MEMN, CMP_MEMNR, CMP_INT };
+
+typedef struct named_db {
+    uint8_t *name;
+    size_t len;
+    lio_dbrec rec;
+    uint64_t pgno;           /* leaf holding the record */
+} named_db;
+
+typedef struct vtree {
+    char name[160];          /* for messages */
+    int kind;
+    lio_dbrec db;
+    uint64_t rec_pgno;       /* page holding the record */
+    int cmp, dcmp;
+    size_t keysize;          /* INTEGERKEY: size of the keys (0: none yet) */
+    size_t dupsize;          /* INTEGERDUP: size of the values */
+    uint64_t branch, leaf, overflow, entries;
+} vtree;
+
+typedef struct vstate {
+    lio_env *env;
+    const lio_meta *snap;
+    const lio_verify_opts *o;
+    lio_verify_stats *st;
+    lio_error *err;
+    uint32_t psize;
+    uint64_t map_pages;      /* pages the bitmaps cover */
+    uint64_t file_pages;
+    uint8_t *used, *freed;
+    uint64_t *tail;          /* free pages listed past the end of the file */
+    size_t ntail, tail_cap;
+    uint8_t *bufs[VLEVELS];
+    size_t caps[VLEVELS];
+    uint8_t *ovbuf;
+    size_t ovcap;
+    named_db *named;
+    size_t nnamed, named_cap;
+    int stop;
+    int fatal;
+} vstate;
+
+/* ---- reporting ------------------------------------------------------- */
+
+static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    if (v->stop)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    v->st->problems++;
+    if (v->o && v->o->report)
+        v->o->report(v->o->ctx, pgno, msg);
+    if (v->o && v->o->max_problems && v->st->problems >= v->o->max_problems)
+        v->stop = 1;
+}
+
+static void fatal(vstate *v, int rc, const lio_error *e)
+{
+    if (!v->fatal) {
+        v->fatal = rc;
+        if (v->err && e && e != v->err)
+            *v->err = *e;
+    }
+    v->stop = 1;
+}
+
+static void count_page(vstate *v)
+{
+    v->st->pages_read++;
+    if (v->o && v->o->progress && v->o->progress_every &&
+        v->st->pages_read % v->o->progress_every == 0) {
+        if (v->o->progress(v->o->ctx, v->st->pages_read,
+                           v->snap->last_pg + 1)) {
+            lio_error e;
+            lio_fail(&e, LIO_EINVAL, LIO_NO_PAGE, "verification interrupted");
+            fatal(v, LIO_EINVAL, &e);
+        }
+    }
+}
+
+/* ---- comparison -------------------------------------------------------- */
+
+static int cmp_vals(int kind, const lio_val *a, const lio_val *b)
+{
+    size_t n;
+    int d;
+    switch (kind) {
+    case CMP_INT: {
+        size_t i = a->size > b->size ? a->size : b->size;
+        while (i-- > 0) {
+            unsigned ab = i < a->size ? a->data[i] : 0;
+            unsigned bb = i < b->size ? b->data[i] : 0;
+            if (ab != bb)
+                return ab < bb ? -1 : 1;
+        }
+        return 0;
+    }
+    case CMP_MEMNR: {
+        const uint8_t *pa = a->data + a->size, *pb = b->data + b->size;
+        n = a->size < b->size ? a->size : b->size;
+        while (n-- > 0) {
+            d = (int)*--pa - (int)*--pb;
+            if (d)
+                return d;
+        }
+        break;
+    }
+    default:
+        n = a->size < b->size ? a->size : b->size;
+        d = n ? memcmp(a->data, b->data, n) : 0;
+        if (d)
+            return d;
+    }
+    return a->size < b->size ? -1 : a->size > b->size;
+}
+
+static int key_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_REVERSEKEY)
+        return CMP_MEMNR;
+    if (flags & LIO_INTEGERKEY)
+        return CMP_INT;
+    return CMP_MEMN;
+}
+
+static int dup_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_INTEGERDUP)
+        return CMP_INT;
+    if (flags & LIO_REVERSEDUP)
+        return CMP_MEMNR;
+    return CMP_MEMN;
+}
+
+/* ---- page accounting ----------------------------------------------------- */
+
+static int bit(const uint8_t *map, uint64_t i) { return (map[i >> 3] >> (i & 7)) & 1; }
+static void set_bit(uint8_t *map, uint64_t i) { map[i >> 3] |= (uint8_t)(1u << (i & 7)); }
+
+/* Mark page pgno in use.  0: newly marked; -1: a problem was reported
+ * (already in use, or outside the snapshot / the file). */
+static int mark_used(vstate *v, vtree *t, uint64_t pgno, uint64_t from)
+{
+    unsigned long long pg = (unsigned long long)pgno;
+    if (pgno < 2) {
+        problem(v, from, "page %llu (%s) points at meta page %llu",
+                (unsigned long long)from, t->name, pg);
+        return -1;
+    }
+    if (pgno > v->snap->last_pg) {
+        problem(v, pgno, "page %llu (%s, reached from page %llu) is past the "
+                "snapshot's last page %llu", pg, t->name,
+                (unsigned long long)from,
+                (unsigned long long)v->snap->last_pg);
+        return -1;
+    }
+    if (pgno >= v->map_pages) {
+        problem(v, pgno, "page %llu (%s, reached from page %llu) is past the "
+                "end of the file (%llu pages)", pg, t->name,
+                (unsigned long long)from, (unsigned long long)v->file_pages);
+        return -1;
+    }
+    if (bit(v->used, pgno)) {
+        problem(v, pgno, "page %llu (%s, reached from page %llu) is reached "
+                "a second time", pg, t->name, (unsigned long long)from);
+        return -1;
+    }
+    set_bit(v->used, pgno);
+    return 0;
+}
+
+static void mark_free(vstate *v, uint64_t pgno, uint64_t from, uint64_t txn)
+{
+    unsigned long long pg = (unsigned long long)pgno;
+    if (pgno < 2 || pgno > v->snap->last_pg) {
+        problem(v, from, "page %llu: the free list of txn %llu lists page "
+                "%llu, %s", (unsigned long long)from, (unsigned long long)txn,
+                pg, pgno < 2 ? "a meta page" : "past the snapshot's last page");
+        return;
+    }
+    v->st->free_pages++;
+    if (pgno >= v->map_pages) {
+        if (v->ntail == v->tail_cap) {
+            size_t ncap = v->tail_cap ? v->tail_cap * 2 : 256;
+            uint64_t *nt = realloc(v->tail, ncap * sizeof *nt);
+            if (!nt) {
+                lio_error e;
+                lio_fail(&e, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+                fatal(v, LIO_ENOMEM, &e);
+                return;
+            }
+            v->tail = nt;
+            v->tail_cap = ncap;
+        }
+        v->tail[v->ntail++] = pgno;
+        return;
+    }
+    if (bit(v->freed, pgno)) {
+        problem(v, pgno, "page %llu is listed free twice (again by txn %llu's "
+                "record on page %llu)", pg, (unsigned long long)txn,
+                (unsigned long long)from);
+        return;
+    }
+    set_bit(v->freed, pgno);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every page 2..last_pg: reachable once or free once, never both. */
+static void account(vstate *v)
+{
+    uint64_t i, start = 0;
+    int cur = 0; /* 0 ok, 1 leaked, 2 both */
+    for (i = 2; i <= v->map_pages && !v->stop; i++) {
+        int s = 0;
+        if (i < v->map_pages) {
+            int u = bit(v->used, i), f = bit(v->freed, i);
+            s = u && f ? 2 : !u && !f ? 1 : 0;
+        }
+        if (s == cur)
+            continue;
+        if (cur) {
+            if (start == i - 1)
+                problem(v, start, cur == 1
+                        ? "page %llu is neither reachable nor listed free"
+                        : "page %llu is both reachable and listed free",
+                        (unsigned long long)start);
+            else
+                problem(v, start, cur == 1
+                        ? "pages %llu..%llu are neither reachable nor listed free"
+                        : "pages %llu..%llu are both reachable and listed free",
+                        (unsigned long long)start, (unsigned long long)(i - 1));
+        }
+        cur = s;
+        start = i;
+    }
+    if (v->stop || v->snap->last_pg < v->map_pages)
+        return;
+    /* Pages past the end of the file, up to last_pg: all must be free. */
+    if (v->ntail)
+        qsort(v->tail, v->ntail, sizeof *v->tail, cmp_u64);
+    {
+        uint64_t distinct = 0;
+        for (size_t j = 0; j < v->ntail; j++) {
+            if (j && v->tail[j] == v->tail[j - 1]) {
+                problem(v, v->tail[j], "page %llu is listed free twice",
+                        (unsigned long long)v->tail[j]);
+                continue;
+            }
+            distinct++;
+        }
+        if (distinct != v->snap->last_pg + 1 - v->map_pages)
+            problem(v, v->map_pages, "pages %llu..%llu lie past the end of "
+                    "the file (%llu pages) but only %llu of them are listed "
+                    "free", (unsigned long long)v->map_pages,
+                    (unsigned long long)v->snap->last_pg,
+                    (unsigned long long)v->file_pages,
+                    (unsigned long long)distinct);
+    }
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+/* Read page pgno (already checked to lie in the file) into level slot's
+ * buffer.  NULL after reporting a problem or a fatal error. */
+static const uint8_t *read_page(vstate *v, unsigned slot, uint64_t pgno)
+{
+    const uint8_t *p;
+    lio_error e;
+    int rc = lio_read_into(v->env, pgno * v->psize, v->psize, &v->bufs[slot],
+                           &v->caps[slot], &p, pgno, &e);
+    if (rc == LIO_PAGE_NOTFOUND || rc == LIO_CORRUPTED) {
+        problem(v, pgno, "%s", e.msg);
+        return NULL;
+    }
+    if (rc) {
+        fatal(v, rc, &e);
+        return NULL;
+    }
+    count_page(v);
+    return p;
+}
+
+/* ---- trees ------------------------------------------------------------- */
+
+static void walk(vstate *v, vtree *t, uint64_t pgno, unsigned level,
+                 unsigned slot, const lio_val *lo, const lio_val *hi,
+                 uint64_t parent);
+
+static void get_key(const vtree *t, const uint8_t *p, unsigned i, size_t pad,
+                    lio_val *k)
+{
+    (void)t;
+    if (pg_flags(p) & P_LEAF2) {
+        k->size = pad;
+        k->data = p + PAGEHDRSZ + (size_t)i * pad;
+    } else {
+        const uint8_t *nd = pg_node(p, i);
+        k->size = nd_ksize(nd);
+        k->data = nd_key(nd);
+    }
+}
+
+/* Keys first..n-1 of page p (a tree page or a sub-page): strictly
+ * ascending under cmp, inside [lo, hi), integer sizes consistent. */
+static void check_keys(vstate *v, vtree *t, const uint8_t *p, unsigned first,
+                       size_t pad, int cmp, size_t *intsize, uint64_t pgno,
+                       const char *what, const lio_val *lo, const lio_val *hi)
+{
+    unsigned n = pg_numkeys(p);
+    lio_val prev = {NULL, 0}, k;
+    unsigned long long pg = (unsigned long long)pgno;
+    for (unsigned i = first; i < n && !v->stop; i++) {
+        get_key(t, p, i, pad, &k);
+        if (cmp == CMP_INT) {
+            if (k.size != 4 && k.size != 8) {
+                problem(v, pgno, "page %llu (%s): %s %u is %zu bytes, not a "
+                        "4- or 8-byte integer", pg, t->name, what, i, k.size);
+                return;
+            }
+            if (*intsize == 0)
+                *intsize = k.size;
+            else if (*intsize != k.size) {
+                problem(v, pgno, "page %llu (%s): %s %u is a %zu-byte "
+                        "integer where the others are %zu bytes", pg, t->name,
+                        what, i, k.size, *intsize);
+                return;
+            }
+        }
+        if (i > first && cmp_vals(cmp, &prev, &k) >= 0) {
+            problem(v, pgno, "page %llu (%s): %s %u is not above %s %u "
+                    "(out of order)", pg, t->name, what, i, what, i - 1);
+            return;
+        }
+        if (i == first && lo && lo->data && cmp_vals(cmp, &k, lo) < 0) {
+            problem(v, pgno, "page %llu (%s): %s %u is below the separator "
+                    "key its parent gives it (children out of key order)",
+                    pg, t->name, what, i);
+            return;
+        }
+        prev = k;
+    }
+    if (n > first && hi && hi->data && !v->stop &&
+        cmp_vals(cmp, &prev, hi) >= 0)
+        problem(v, pgno, "page %llu (%s): %s %u is not below the next "
+                "separator key of its parent (children out of key order)",
+                pg, t->name, what, n - 1);
+}
+
+/* A duplicate sub-tree's record, or a named DB's: counts after the walk. */
+static void check_counts(vstate *v, vtree *t)
+{
+    static const char *names[] = {"md_branch_pages", "md_leaf_pages",
+                                  "md_overflow_pages", "md_entries"};
+    uint64_t want[4] = {t->db.branch_pages, t->db.leaf_pages,
+                        t->db.overflow_pages, t->db.entries};
+    uint64_t have[4] = {t->branch, t->leaf, t->overflow, t->entries};
+    for (int i = 0; i < 4; i++)
+        if (want[i] != have[i])
+            problem(v, t->rec_pgno, "page %llu: the record of %s (root %llu) "
+                    "says %s = %llu, the tree has %llu",
+                    (unsigned long long)t->rec_pgno, t->name,
+                    (unsigned long long)t->db.root, names[i],
+                    (unsigned long long)want[i], (unsigned long long)have[i]);
+}
+
+static void walk_tree(vstate *v, vtree *t, unsigned slot)
+{
+    if (t->db.root == LIO_EMPTY_ROOT) {
+        if (t->db.depth || t->db.branch_pages || t->db.leaf_pages ||
+            t->db.overflow_pages || t->db.entries)
+            problem(v, t->rec_pgno, "page %llu: the record of the empty %s "
+                    "has nonzero depth or counts",
+                    (unsigned long long)t->rec_pgno, t->name);
+        return;
+    }
+    if (t->db.depth == 0 || t->db.depth > LIO_MAX_DEPTH) {
+        problem(v, t->rec_pgno, "page %llu: %s has impossible depth %u",
+                (unsigned long long)t->rec_pgno, t->name, t->db.depth);
+        return;
+    }
+    v->st->trees++;
+    walk(v, t, t->db.root, 0, slot, NULL, NULL, t->rec_pgno);
+    if (!v->stop)
+        check_counts(v, t);
+}
+
+/* An overflow run: checks, marks its pages; *data gets the whole value
+ * when want_data (free-list records), else only the header is read. */
+static int check_overflow(vstate *v, vtree *t, uint64_t leafpg, unsigned i,
+                          uint64_t ov, uint32_t size, int want_data,
+                          const uint8_t **data)
+{
+    uint64_t need = (PAGEHDRSZ + (uint64_t)size + v->psize - 1) / v->psize;
+    uint64_t pages, end;
+    const uint8_t *h;
+    lio_error e;
+    int rc;
+    unsigned long long lp = (unsigned long long)leafpg;
+    if (ov < 2 || ov > v->snap->last_pg || ov >= v->map_pages) {
+        problem(v, leafpg, "page %llu (%s): node %u's overflow page %llu is "
+                "%s", lp, t->name, i, (unsigned long long)ov,
+                ov < 2 ? "a meta page" : ov > v->snap->last_pg
+                ? "past the snapshot's last page" : "past the end of the file");
+        return -1;
+    }
+    rc = lio_read_into(v->env, ov * v->psize,
+                       want_data ? PAGEHDRSZ + (size_t)size : PAGEHDRSZ,
+                       &v->ovbuf, &v->ovcap, &h, ov, &e);
+    if (rc == LIO_PAGE_NOTFOUND) {
+        problem(v, ov, "page %llu (%s): the %u-byte value of node %u on page "
+                "%llu runs past the end of the file", (unsigned long long)ov,
+                t->name, size, i, lp);
+        return -1;
+    }
+    if (rc) {
+        fatal(v, rc, &e);
+        return -1;
+    }
+    count_page(v);
+    if (pg_pgno(h) != ov || pg_flags(h) != P_OVERFLOW) {
+        problem(v, ov, "page %llu (%s, value of node %u on page %llu): not "
+                "an overflow page (page number %llu, flags 0x%x)",
+                (unsigned long long)ov, t->name, i, lp,
+                (unsigned long long)pg_pgno(h), pg_flags(h));
+        return -1;
+    }
+    pages = pg_ovpages(h);
+    if (pages < need) {
+        problem(v, ov, "page %llu (%s): overflow run of %llu pages cannot "
+                "hold the %u-byte value of node %u on page %llu",
+                (unsigned long long)ov, t->name, (unsigned long long)pages,
+                size, i, lp);
+        return -1;
+    }
+    end = ov + pages - 1;
+    if (end > v->snap->last_pg) {
+        problem(v, ov, "page %llu (%s): overflow run of %llu pages runs past "
+                "the snapshot's last page %llu", (unsigned long long)ov,
+                t->name, (unsigned long long)pages,
+                (unsigned long long)v->snap->last_pg);
+        return -1;
+    }
+    if (mark_used(v, t, ov, leafpg))
+        return -1;
+    for (uint64_t pg = ov + 1; pg <= end && !v->stop; pg++) {
+        if (pg >= v->map_pages) {
+            problem(v, ov, "page %llu (%s): overflow run of %llu pages runs "
+                    "past the end of the file", (unsigned long long)ov,
+                    t->name, (unsigned long long)pages);
+            return -1;
+        }
+        if (bit(v->used, pg)) {
+            problem(v, pg, "page %llu, inside the overflow run at page %llu "
+                    "(%s), is reached a second time", (unsigned long long)pg,
+                    (unsigned long long)ov, t->name);
+            return -1;
+        }
+        set_bit(v->used, pg);
+    }
+    t->overflow += pages;
+    if (data)
+        *data = h + PAGEHDRSZ;
+    return 0;
+}
+
+static void free_record(vstate *v, vtree *t, uint64_t pgno, unsigned i,
+                        const lio_val *key, const uint8_t *data, uint32_t size)
+{
+    uint64_t txn, count;
+    unsigned long long pg = (unsigned long long)pgno;
+    if (key->size != 8) {
+        problem(v, pgno, "page %llu (%s): key %u is %zu bytes, not an 8-byte "
+                "txnid", pg, t->name, i, key->size);
+        return;
+    }
+    txn = ld64(key->data);
+    if (txn > v->snap->txnid)
+        problem(v, pgno, "page %llu (%s): record %u is keyed by txn %llu, "
+                "after the snapshot's txn %llu", pg, t->name, i,
+                (unsigned long long)txn, (unsigned long long)v->snap->txnid);
+    if (size < 8) {
+        problem(v, pgno, "page %llu (%s): record %u of %u bytes holds no page "
+                "count", pg, t->name, i, size);
+        return;
+    }
+    count = ld64(data);
+    if (count > (size - 8) / 8) {
+        problem(v, pgno, "page %llu (%s): record %u lists %llu pages in %u "
+                "bytes", pg, t->name, i, (unsigned long long)count, size);
+        return;
+    }
+    for (uint64_t j = 0; j < count && !v->stop; j++)
+        mark_free(v, ld64(data + 8 + 8 * j), pgno, txn);
+}
+
+static void add_named(vstate *v, const lio_val *key, const uint8_t *rec,
+                      uint64_t pgno)
+{
+    named_db *nd;
+    if (v->nnamed == v->named_cap) {
+        size_t ncap = v->named_cap ? v->named_cap * 2 : 16;
+        named_db *nn = realloc(v->named, ncap * sizeof *nn);
+        if (!nn)
+            goto oom;
+        v->named = nn;
+        v->named_cap = ncap;
+    }
+    nd = &v->named[v->nnamed];
+    nd->name = malloc(key->size ? key->size : 1);
+    if (!nd->name)
+        goto oom;
+    memcpy(nd->name, key->data, key->size);
+    nd->len = key->size;
+    lio_parse_dbrec(rec, &nd->rec);
+    nd->pgno = pgno;
+    v->nnamed++;
+    return;
+oom: {
+        lio_error e;
+        lio_fail(&e, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        fatal(v, LIO_ENOMEM, &e);
+    }
+}
+
+static void name_tree(char *buf, size_t cap, const uint8_t *name, size_t len)
+{
+    size_t j = 0;
+    int n = snprintf(buf, cap, "named DB '");
+    j = n > 0 ? (size_t)n : 0;
+    for (size_t i = 0; i < len && j + 8 < cap; i++) {
+        uint8_t c = name[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'')
+            buf[j++] = (char)c;
+        else
+            j += (size_t)snprintf(buf + j, cap - j, "\\x%02x", c);
+    }
+    if (j + 8 >= cap && len)
+        j += (size_t)snprintf(buf + j, cap - j, "...");
+    snprintf(buf + j, cap - j, "'");
+}
+
+static void leaf_nodes(vstate *v, vtree *t, const uint8_t *p, uint64_t pgno,
+                       unsigned slot)
+{
+    unsigned n = pg_numkeys(p);
+    int dupsort = (t->db.flags & LIO_DUPSORT) != 0;
+    unsigned long long pg = (unsigned long long)pgno;
+    for (unsigned i = 0; i < n && !v->stop; i++) {
+        const uint8_t *nd = pg_node(p, i);
+        uint16_t f = nd_flags(nd);
+        uint32_t dsize = nd_dsize(nd);
+        lio_val key = {nd_key(nd), nd_ksize(nd)};
+        if (f & F_BIGDATA) {
+            const uint8_t *data = NULL;
+            if (dupsort)
+                problem(v, pgno, "page %llu (%s): node %u has an overflow "
+                        "value in a DUPSORT database", pg, t->name, i);
+            t->entries++;
+            if (check_overflow(v, t, pgno, i, ld64(nd_data(nd)), dsize,
+                               t->kind == T_FREE, &data) == 0 &&
+                t->kind == T_FREE)
+                free_record(v, t, pgno, i, &key, data, dsize);
+            continue;
+        }
+        if (t->kind == T_FREE) {
+            t->entries++;
+            if (f)
+                problem(v, pgno, "page %llu (%s): node %u has flags 0x%x",
+                        pg, t->name, i, f);
+            else
+                free_record(v, t, pgno, i, &key, nd_data(nd), dsize);
+            continue;
+        }
+        if (f == F_SUBDATA) {
+            t->entries++;
+            if (t->kind != T_MAIN)
+                problem(v, pgno, "page %llu (%s): node %u holds a named "
+                        "database record outside the main DB", pg, t->name, i);
+            else
+                add_named(v, &key, nd_data(nd), pgno);
+            continue;
+        }
+        if (f & F_DUPDATA) {
+            if (!dupsort) {
+                problem(v, pgno, "page %llu (%s): node %u has F_DUPDATA in a "
+                        "database without DUPSORT", pg, t->name, i);
+                t->entries++;
+                continue;
+            }
+            if (f & F_SUBDATA) {
+                vtree sub;
+                uint16_t want = (t->db.flags & LIO_DUPFIXED)
+                    ? (LIO_DUPFIXED | ((t->db.flags & LIO_INTEGERDUP)
+                                       ? LIO_INTEGERKEY : 0)) : 0;
+                memset(&sub, 0, sizeof sub);
+                snprintf(sub.name, sizeof sub.name,
+                         "duplicates of node %u on page %llu", i, pg);
+                sub.kind = T_DUP;
+                lio_parse_dbrec(nd_data(nd), &sub.db);
+                sub.rec_pgno = pgno;
+                sub.cmp = t->dcmp;
+                sub.dcmp = t->dcmp;
+                t->entries += sub.db.entries;
+                if (sub.db.flags != want) {
+                    problem(v, pgno, "page %llu (%s): node %u's duplicate "
+                            "sub-database has flags 0x%x, expected 0x%x", pg,
+                            t->name, i, sub.db.flags, want);
+                    continue;
+                }
+                if (sub.db.root == LIO_EMPTY_ROOT || sub.db.entries == 0) {
+                    problem(v, pgno, "page %llu (%s): node %u's duplicate "
+                            "sub-database is empty", pg, t->name, i);
+                    continue;
+                }
+                if (slot + 1 + sub.db.depth > VLEVELS) {
+                    problem(v, pgno, "page %llu (%s): node %u's duplicate "
+                            "sub-database has impossible depth %u", pg,
+                            t->name, i, sub.db.depth);
+                    continue;
+                }
+                walk_tree(v, &sub, slot + 1);
+                /* liblmdb counts a sub-tree's pages in its parent too */
+                t->branch += sub.branch;
+                t->leaf += sub.leaf;
+                t->overflow += sub.overflow;
+                continue;
+            } else {
+                const uint8_t *sp = nd_data(nd);
+                lio_error e;
+                int fixed = (t->db.flags & LIO_DUPFIXED) != 0;
+                size_t pad = 0;
+                if (lio_check_page(sp, dsize, pgno, 1, &e)) {
+                    problem(v, pgno, "%s (node %u, %s)", e.msg, i, t->name);
+                    t->entries++;
+                    continue;
+                }
+                t->entries += pg_numkeys(sp);
+                if (((pg_flags(sp) & P_LEAF2) != 0) != fixed) {
+                    problem(v, pgno, "page %llu (%s): node %u's sub-page %s "
+                            "LEAF2", pg, t->name, i, fixed ? "is not" : "is");
+                    continue;
+                }
+                if (fixed) {
+                    pad = pg_pad(sp);
+                    if (pad == 0 ||
+                        PAGEHDRSZ + (uint64_t)pg_numkeys(sp) * pad > dsize) {
+                        problem(v, pgno, "page %llu (%s): node %u's LEAF2 "
+                                "sub-page values (%zu bytes each) run past the "
+                                "node", pg, t->name, i, pad);
+                        continue;
+                    }
+                }
+                check_keys(v, t, sp, 0, pad, t->dcmp, &t->dupsize, pgno,
+                           "duplicate value", NULL, NULL);
+                continue;
+            }
+        }
+        if (f) {
+            problem(v, pgno, "page %llu (%s): node %u has flags 0x%x", pg,
+                    t->name, i, f);
+            continue;
+        }
+        t->entries++;
+    }
+}
+
+static void walk(vstate *v, vtree *t, uint64_t pgno, unsigned level,
+                 unsigned slot, const lio_val *lo, const lio_val *hi,
+                 uint64_t parent)
+{
+    const uint8_t *p;
+    lio_error e;
+    unsigned n;
+    int leaf, want_leaf = level + 1 == t->db.depth;
+    int fixed = t->kind == T_DUP && (t->db.flags & LIO_DUPFIXED);
+    unsigned long long pg = (unsigned long long)pgno;
+    size_t pad = 0;
+
+    if (v->stop)
+        return;
+    if (slot >= VLEVELS || level >= t->db.depth) {
+        problem(v, parent, "page %llu (%s): the tree is deeper than its "
+                "recorded depth %u", (unsigned long long)parent, t->name,
+                t->db.depth);
+        return;
+    }
+    if (mark_used(v, t, pgno, parent))
+        return;
+    if (!(p = read_page(v, slot, pgno)))
+        return;
+    if (pg_pgno(p) != pgno) {
+        problem(v, pgno, "page %llu (%s) carries page number %llu in its "
+                "header", pg, t->name, (unsigned long long)pg_pgno(p));
+        return;
+    }
+    if (lio_check_page(p, v->psize, pgno, 0, &e)) {
+        problem(v, pgno, "%s (%s)", e.msg, t->name);
+        return;
+    }
+    leaf = (pg_flags(p) & P_LEAF) != 0;
+    if (leaf != want_leaf) {
+        problem(v, pgno, "page %llu (%s): a %s page at level %u where the "
+                "tree's depth %u puts a %s", pg, t->name,
+                leaf ? "leaf" : "branch", level, t->db.depth,
+                want_leaf ? "leaf" : "branch");
+        return;
+    }
+    if (leaf && ((pg_flags(p) & P_LEAF2) != 0) != (fixed != 0)) {
+        problem(v, pgno, "page %llu (%s): %s", pg, t->name, fixed
+                ? "a leaf of a fixed-size duplicate tree is not LEAF2"
+                : "a LEAF2 page outside a fixed-size duplicate tree");
+        return;
+    }
+    n = pg_numkeys(p);
+    if (pg_flags(p) & P_LEAF2) {
+        pad = t->db.pad;
+        if (pad == 0 || pad > LIO_MAX_KEY_SIZE ||
+            PAGEHDRSZ + (uint64_t)n * pad > v->psize) {
+            problem(v, pgno, "page %llu (%s): LEAF2 keys of %zu bytes run "
+                    "past the page", pg, t->name, pad);
+            return;
+        }
+        if (pg_pad(p) != pad)
+            problem(v, pgno, "page %llu (%s): LEAF2 key size %u differs from "
+                    "the tree's %zu", pg, t->name, pg_pad(p), pad);
+    }
+    if (!leaf) {
+        t->branch++;
+        if (nd_ksize(pg_node(p, 0)) != 0)
+            problem(v, pgno, "page %llu (%s): branch node 0 has a %u-byte key "
+                    "(it must be empty)", pg, t->name,
+                    nd_ksize(pg_node(p, 0)));
+        check_keys(v, t, p, 1, 0, t->cmp, &t->keysize, pgno, "key", lo, hi);
+        for (unsigned i = 0; i < n && !v->stop; i++) {
+            lio_val klo, khi;
+            const lio_val *clo = lo, *chi = hi;
+            if (i > 0) {
+                get_key(t, p, i, 0, &klo);
+                clo = &klo;
+            }
+            if (i + 1 < n) {
+                get_key(t, p, i + 1, 0, &khi);
+                chi = &khi;
+            }
+            walk(v, t, nd_child(pg_node(p, i)), level + 1, slot + 1, clo, chi,
+                 pgno);
+        }
+        return;
+    }
+    t->leaf++;
+    check_keys(v, t, p, 0, pad, t->cmp, &t->keysize, pgno, "key", lo, hi);
+    if (pg_flags(p) & P_LEAF2)
+        t->entries += n;
+    else
+        leaf_nodes(v, t, p, pgno, slot);
+}
+
+static void init_tree(vtree *t, int kind, const char *name,
+                      const lio_dbrec *db, uint64_t rec_pgno)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->kind = kind;
+    t->db = *db;
+    if (kind == T_FREE)
+        t->db.flags = LIO_INTEGERKEY;
+    t->rec_pgno = rec_pgno;
+    t->cmp = key_cmp_kind(t->db.flags);
+    t->dcmp = dup_cmp_kind(t->db.flags);
+}
+
+static void walk_named(vstate *v, named_db *nd, unsigned which)
+{
+    vtree t;
+    lio_error e;
+    char name[160];
+    (void)which;
+    name_tree(name, sizeof name, nd->name, nd->len);
+    init_tree(&t, T_NAMED, name, &nd->rec, nd->pgno);
+    if (lio_check_dbrec(&nd->rec, nd->pgno, &e)) {
+        problem(v, nd->pgno, "%s (%s)", e.msg, name);
+        return;
+    }
+    walk_tree(v, &t, 0);
+}
+
+int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
+               lio_verify_stats *st, lio_error *err)
+{
+    vstate v;
+    vtree t;
+    uint64_t bytes;
+    int64_t fsize;
+    uint64_t meta_pg = snap->txnid & 1;
+
+    memset(st, 0, sizeof *st);
+    memset(&v, 0, sizeof v);
+    v.env = env;
+    v.snap = snap;
+    v.o = o;
+    v.st = st;
+    v.err = err;
+    v.psize = env->psize;
+    fsize = env->src.size(env->src.ctx);
+    if (fsize < 0)
+        return lio_fail_sys(err, (int)-fsize, 0, "cannot stat the data file");
+    pthread_mutex_lock(&env->lock);
+    env->file_size = (uint64_t)fsize;
+    pthread_mutex_unlock(&env->lock);
+    v.file_pages = (uint64_t)fsize / v.psize;
+    v.map_pages = snap->last_pg + 1 < v.file_pages ? snap->last_pg + 1
+                                                    : v.file_pages;
+    bytes = (v.map_pages + 7) / 8 + 1;
+    v.used = calloc(bytes, 1);
+    v.freed = calloc(bytes, 1);
+    if (!v.used || !v.freed) {
+        free(v.used);
+        free(v.freed);
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    }
+    set_bit(v.used, 0);
+    set_bit(v.used, 1);
+
+    if (o && o->db_name) {
+        lio_dbrec rec;
+        char name[160];
+        int rc = lio_named_db(env, snap, o->db_name, o->db_name_len, &rec,
+                              err);
+        if (rc == LIO_SUCCESS) {
+            name_tree(name, sizeof name, o->db_name, o->db_name_len);
+            init_tree(&t, T_NAMED, name, &rec, LIO_NO_PAGE);
+            walk_tree(&v, &t, 0);
+        } else {
+            v.fatal = rc;
+        }
+    } else {
+        /* The snapshot's own record says nothing is past last_pg. */
+        if (snap->last_pg + 1 > v.file_pages)
+            st->pages_past_eof = snap->last_pg + 1 - v.file_pages;
+        init_tree(&t, T_FREE, "free DB", &snap->free_db, meta_pg);
+        walk_tree(&v, &t, 0);
+        init_tree(&t, T_MAIN, "main DB", &snap->main_db, meta_pg);
+        walk_tree(&v, &t, 0);
+        for (size_t i = 0; i < v.nnamed && !v.stop; i++)
+            walk_named(&v, &v.named[i], (unsigned)i);
+        if (!v.stop)
+            account(&v);
+    }
+    st->named_dbs = v.nnamed;
+
+    for (unsigned i = 0; i < VLEVELS; i++)
+        free(v.bufs[i]);
+    free(v.ovbuf);
+    for (size_t i = 0; i < v.nnamed; i++)
+        free(v.named[i].name);
+    free(v.named);
+    free(v.tail);
+    free(v.used);
+    free(v.freed);
+    if (v.fatal)
+        return v.fatal;
+    return LIO_SUCCESS;
+}
