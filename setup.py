@@ -28,11 +28,16 @@ C_SOURCES = [
     "csrc/plan.c",
     "csrc/index.c",
     "csrc/bulk.c",
+    "csrc/datum.c",
+    "csrc/verify.c",
+    "csrc/memsrc.c",
 ]
-# Extension modules: the drop-in API and the bulk path, each over the core.
+# Extension modules: the drop-in API, the bulk path and the Datum decoder,
+# each over the core.
 MODULES = {
     "lmdbio._core": "src/lmdbio/_core.pyx",
     "lmdbio._bulk": "src/lmdbio/_bulk.pyx",
+    "lmdbio._datum": "src/lmdbio/_datum.pyx",
 }
 
 
@@ -56,6 +61,11 @@ def _numpy_include():
 def _extensions():
     from Cython.Build import cythonize
 
+    # Test builds (make test-sanitize): $LMDBIO_CFLAGS is appended to the
+    # compile and link flags (so its -O wins), $LMDBIO_MODULES limits the
+    # modules built (e.g. "_core,_bulk").
+    extra = os.environ.get("LMDBIO_CFLAGS", "").split()
+    only = [m for m in os.environ.get("LMDBIO_MODULES", "").split(",") if m]
     exts = [Extension(
         name,
         sources=[pyx] + C_SOURCES,
@@ -66,9 +76,10 @@ def _extensions():
             ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
             ("NDEBUG", None),
         ],
-        extra_compile_args=["-std=c99", "-O2", "-pthread"],
-        extra_link_args=["-pthread"],
-    ) for name, pyx in MODULES.items()]
+        extra_compile_args=["-std=c99", "-O2", "-pthread"] + extra,
+        extra_link_args=["-pthread"] + extra,
+    ) for name, pyx in MODULES.items()
+        if not only or name.rsplit(".", 1)[1] in only]
     return cythonize(exts, compiler_directives={"language_level": "3"})
 
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Read a Caffe-style LMDB with py-lmdb and with lmdbio; show they agree.
+"""Build a Caffe-style LMDB with `lmdbio convert`, read it with py-lmdb and
+with lmdbio, and show they agree.
 
-Creates ./data/demo_lmdb (unless it is there already): records keyed "%08d"
-whose values are serialized Caffe Datum messages (3x32x32 random uint8 pixels
-and a label), written with py-lmdb.  Then reads the whole database with a
-cursor, once with py-lmdb and once with lmdbio, checks that both give the same
-(key, value) sequence and prints a comparison.  Exits 1 if they differ.
+Creates ./data/demo_lmdb (unless it is there already): random 3x32x32 uint8
+images and labels are saved to data/demo_source.npz, then
+`lmdbio convert --npz` writes them (through py-lmdb) as serialized Caffe
+Datum records keyed "%08d".  Then reads the whole database with a cursor,
+once with py-lmdb and once with lmdbio, checks that both give the same
+(key, value) sequence, decodes every record back with lmdbio.DatumReader
+(Datum -> numpy batches) and checks it against the source arrays.  Exits 1
+if anything differs.
 
     python scripts/demo.py [--records N] [--path DIR] [--force]
 """
@@ -21,69 +25,53 @@ import numpy as np
 
 import lmdbio
 
-# --- a tiny protobuf wire-format encoder for caffe.Datum -------------------
-# (docs: caffe-formats.md).  field numbers: channels=1 height=2 width=3
-# data=4 label=5; wire types: 0 varint, 2 length-delimited.
-
-
-def _varint(n):
-    if n < 0:  # int32 negatives are sign-extended to 64 bits: 10 bytes
-        n += 1 << 64
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _field_varint(number, value):
-    return _varint(number << 3 | 0) + _varint(value)
-
-
-def _field_bytes(number, value):
-    return _varint(number << 3 | 2) + _varint(len(value)) + value
-
-
-def encode_datum(pixels, label):
-    """Serialize a (C, H, W) uint8 array and an int label as caffe.Datum."""
-    c, h, w = pixels.shape
-    return b"".join((
-        _field_varint(1, c),
-        _field_varint(2, h),
-        _field_varint(3, w),
-        _field_bytes(4, pixels.tobytes()),
-        _field_varint(5, label),
-    ))
-
-
 # --- the sample database -----------------------------------------------------
 
 
+def source_path(path):
+    return os.path.join(os.path.dirname(os.path.abspath(path)) or ".",
+                        "demo_source.npz")
+
+
 def make_sample(path, records, shape=(3, 32, 32), seed=0):
-    """Write `records` Datums with py-lmdb into `path` (built beside, then renamed)."""
+    """Random images + labels -> .npz -> `lmdbio convert --npz` -> path."""
+    from lmdbio.cli import main as lmdbio_main
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(records,) + tuple(shape), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=records)
+    src = source_path(path)
+    os.makedirs(os.path.dirname(src), exist_ok=True)
+    np.savez(src, data=data, labels=labels)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    rng = np.random.default_rng(seed)
-    per = int(np.prod(shape))
-    map_size = max(1 << 26, records * (per + 4096) * 2)
-    env = lmdb.open(tmp, map_size=map_size, subdir=True)
-    chunk = 4096
-    for start in range(0, records, chunk):
-        n = min(chunk, records - start)
-        pixels = rng.integers(0, 256, size=(n,) + tuple(shape), dtype=np.uint8)
-        labels = rng.integers(0, 10, size=n)
-        with env.begin(write=True) as txn:
-            for i in range(n):
-                key = b"%08d" % (start + i)
-                txn.put(key, encode_datum(pixels[i], int(labels[i])), append=True)
-    env.close()
+    print(f"  $ lmdbio convert --npz {src} {path}")
+    rc = lmdbio_main(["convert", "--npz", "-q", src, tmp])
+    if rc != 0:
+        raise SystemExit(f"lmdbio convert failed with status {rc}")
     shutil.rmtree(path, ignore_errors=True)
     os.rename(tmp, path)
+
+
+def check_datums(path):
+    """Decode every record with DatumReader; compare with the source arrays.
+    Returns (ok, records, seconds)."""
+    src = source_path(path)
+    if not os.path.exists(src):
+        return None, 0, 0.0
+    with np.load(src) as f:
+        data, labels = f["data"], f["labels"]
+    t0 = time.perf_counter()
+    got_d, got_l = [], []
+    with lmdbio.DatumReader(path, batch_size=1024) as r:
+        for d, lab in r:
+            got_d.append(d)
+            got_l.append(lab)
+    secs = time.perf_counter() - t0
+    got_d = np.concatenate(got_d) if got_d else np.zeros((0,) + data.shape[1:], np.uint8)
+    got_l = np.concatenate(got_l) if got_l else np.zeros(0, np.int64)
+    ok = (got_d.shape == data.shape and np.array_equal(got_d, data)
+          and np.array_equal(got_l, labels))
+    return ok, len(got_l), secs
 
 
 # --- reading -----------------------------------------------------------------
@@ -115,9 +103,11 @@ def main(argv=None):
     ap.add_argument("--force", action="store_true", help="rewrite the sample database")
     args = ap.parse_args(argv)
 
-    if args.force or not os.path.exists(os.path.join(args.path, "data.mdb")):
+    if args.force or not os.path.exists(os.path.join(args.path, "data.mdb")) \
+            or not os.path.exists(source_path(args.path)):
         print(f"writing {args.records} Caffe Datum records (3x32x32 uint8) "
-              f"with py-lmdb into {args.path} ...", flush=True)
+              f"into {args.path} with lmdbio convert (py-lmdb writes) ...",
+              flush=True)
         t0 = time.perf_counter()
         make_sample(args.path, args.records)
         print(f"  done in {time.perf_counter() - t0:.2f} s")
@@ -146,8 +136,15 @@ def main(argv=None):
     print(f"\nlmdbio / py-lmdb throughput: {ratio:.2f}x  (both from the page cache; "
           f"this checks exactness, the benchmarks measure speed)")
 
+    ok, n, secs = check_datums(args.path)
+    if ok is not None:
+        rate = n / secs if secs > 0 else float("inf")
+        print(f"\nDatumReader: {n:,} Datums decoded to numpy in {secs:.3f} s "
+              f"({rate:,.0f} records/s); same pixels and labels as the "
+              f"source arrays: {'yes' if ok else 'NO'}")
+
     ref, got = items["py-lmdb"], items["lmdbio"]
-    identical = ref == got and len(ref) > 0
+    identical = ref == got and len(ref) > 0 and ok is not False
     print(f"identical: {'yes' if identical else 'NO'}")
     if not identical:
         i = first_difference(ref, got)

@@ -59,7 +59,7 @@ def test_setup_py_and_meson_build_the_same_sources():
 
 
 def _copy_sources(dst):
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "_core.c", "_bulk.c", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "_core.c", "_bulk.c", "_datum.c", "*.egg-info")
     for name in ("setup.py", "pyproject.toml", "meson.build", "README.md"):
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, dst / name)
