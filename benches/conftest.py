@@ -55,6 +55,8 @@ def pytest_collect_file(file_path, parent):
     config = parent.config
     if any(fnmatch.fnmatch(name, pat) for pat in config.getini("python_files")):
         return None  # the project's own config collects it already
+    if parent.session.isinitpath(file_path):
+        return None  # named on the command line: pytest collects it already
     if not _benches_requested(config):
         return None
     return pytest.Module.from_parent(parent, path=file_path)
