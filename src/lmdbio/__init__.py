@@ -17,6 +17,7 @@ from lmdbio.errors import (  # noqa: F401
     BadRslotError, BadDbiError, BadTxnError, BadValsizeError, ReadonlyError,
     InvalidParameterError, LockError, MemoryError, DiskError, ProblemError,
     BadChecksumError, CryptoFailError, EnvEncryptionError, DatumError,
+    SnapshotChangedError,
 )
 from lmdbio._core import (  # noqa: F401
     Environment, Transaction, Cursor, _Database, enable_drop_gil,
@@ -42,7 +43,7 @@ _LAZY = {
     'Ragged': 'lmdbio.reader',
     'DatumReader': 'lmdbio.datum',
 }
-_SUBMODULES = ('datum', 'caffe', 'torch', 'reader', 'mpi', 'cli')
+_SUBMODULES = ('datum', 'caffe', 'torch', 'reader', 'mpi', 'cli', 'verify')
 
 
 def __getattr__(name):
@@ -68,4 +69,5 @@ __all__ = [
     'BadValsizeError', 'ReadonlyError', 'InvalidParameterError', 'LockError',
     'MemoryError', 'DiskError', 'ProblemError', 'BadChecksumError',
     'CryptoFailError', 'EnvEncryptionError', 'DatumError',
+    'SnapshotChangedError',
 ]

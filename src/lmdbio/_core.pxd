@@ -34,6 +34,7 @@ cdef extern from "lmdbio.h" nogil:
         int sys_errno
         uint64_t pgno
         char msg[256]
+        uint64_t off
 
     ctypedef struct lio_val:
         const uint8_t *data
@@ -116,3 +117,23 @@ cdef extern from "lmdbio.h" nogil:
                        lio_error *err)
     void lio_posix_get_source(lio_posix *p, lio_source *src)
     void lio_posix_close(lio_posix *p)
+    int lio_fault_injection(uint64_t *injected)
+
+    # structural verification (csrc/verify.c)
+    ctypedef struct lio_verify_opts:
+        void (*report)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
+        int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total) noexcept nogil
+        void *ctx
+        uint64_t progress_every
+        uint64_t max_problems
+        const void *db_name
+        size_t db_name_len
+    ctypedef struct lio_verify_stats:
+        uint64_t problems
+        uint64_t pages_read
+        uint64_t trees
+        uint64_t named_dbs
+        uint64_t free_pages
+        uint64_t pages_past_eof
+    int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
+                   lio_verify_stats *st, lio_error *err)

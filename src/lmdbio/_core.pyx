@@ -136,6 +136,11 @@ cdef object _core_error(what, int rc, const lio_error *err, path):
     if rc == LIO_SYSERR:
         sys_errno = err.sys_errno if err != NULL and err.sys_errno else EIO
         code = sys_errno
+        if err != NULL and err.off != <uint64_t>-1 and path is not None:
+            # a read of the data file failed (after the core's retries)
+            return _errors.disk_error(
+                '%s: %s' % (path, (<bytes>err.msg).decode('utf-8', 'replace')),
+                sys_errno, path, err.off)
     elif rc == LIO_EINVAL:
         code = EINVAL_
     elif rc == LIO_ENOMEM:
@@ -276,6 +281,60 @@ cdef _Database _new_db(Environment env, int kind, bytes name, unsigned flags):
 # Environment
 # ---------------------------------------------------------------------------
 
+cdef int64_t _mpi_read(void *ctx, uint64_t off, void *buf,
+                       size_t length) noexcept nogil:
+    with gil:
+        return (<_MPISource>ctx).read(off, <uint8_t *>buf, length)
+
+
+cdef int64_t _mpi_size(void *ctx) noexcept nogil:
+    with gil:
+        return (<_MPISource>ctx).size()
+
+
+cdef class _MPISource:
+    """The data file through MPI-IO (MPI.File.Open on the communicator):
+    the pages a cursor misses are independent Read_at calls."""
+    cdef object fh
+    cdef object MPI
+    cdef object error
+    cdef lio_source src
+
+    def __init__(self, comm, path):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+        self.src.ctx = <void *>self
+        self.src.read = _mpi_read
+        self.src.size = _mpi_size
+        self.src.align = 1
+
+    cdef int64_t read(self, uint64_t off, uint8_t *buf, size_t length):
+        cdef uint8_t[::1] view
+        try:
+            if length == 0:
+                return 0
+            view = <uint8_t[:length]>buf
+            status = self.MPI.Status()
+            self.fh.Read_at(off, [view, self.MPI.BYTE], status)
+            return status.Get_count(self.MPI.BYTE)
+        except Exception as e:
+            self.error = e
+            return -5  # EIO
+
+    cdef int64_t size(self):
+        try:
+            return self.fh.Get_size()
+        except Exception as e:
+            self.error = e
+            return -5
+
+    def close(self):
+        if self.fh is not None:
+            self.fh.Close()
+            self.fh = None
+
+
 @cython.no_gc_clear
 cdef class Environment:
     """
@@ -307,6 +366,9 @@ cdef class Environment:
     (``engine="mpiio"`` or a `comm`) is not available in this class yet.
     """
     cdef lio_posix *_posix
+    cdef object _mpisrc       # _MPISource with engine="mpiio"
+    cdef object _comm         # lmdbio's duplicate of comm=, or None
+    cdef public object _coll  # lmdbio.mpi.Collective over _comm
     cdef lio_source _src
     cdef lio_env *_env
     cdef lio_lock *_lock
@@ -362,10 +424,19 @@ cdef class Environment:
         if engine not in ('auto', 'posix', 'mpiio'):
             raise ValueError('engine must be "auto", "posix" or "mpiio", '
                              'not %r' % (engine,))
-        if comm is not None or engine == 'mpiio':
-            raise Error('lmdbio.Environment: the MPI-IO engine (comm=, '
-                        'engine="mpiio") is not available yet; use '
-                        'engine="posix"')
+        if comm is None and engine == 'mpiio':
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        if comm is not None:
+            # Collective: every rank opens, and every transaction reads
+            # the snapshot rank 0 chose (broadcast), with independent reads.
+            from lmdbio.mpi import Collective
+            if not hasattr(comm, 'Dup'):
+                raise TypeError('comm must be an mpi4py communicator')
+            if engine == 'auto':
+                engine = 'mpiio'
+            self._comm = comm.Dup()
+            self._coll = Collective(self._comm)
         for name, v in (('map_size', map_size), ('max_readers', max_readers),
                         ('max_dbs', max_dbs), ('cache_bytes', cache_bytes)):
             if v < 0:
@@ -409,14 +480,21 @@ cdef class Environment:
 
         cpath = dpath_b
         c_direct = 1 if direct else 0
-        with nogil:
-            rc = lio_posix_open(&self._posix, cpath, c_direct, &err)
-        if rc:
-            if rc == LIO_SYSERR:
-                raise _make_error(self._path, err.sys_errno or EIO,
-                                  sys_errno=err.sys_errno or EIO)
-            raise _core_error(self._path, rc, &err, self._dpath)
-        lio_posix_get_source(self._posix, &self._src)
+        if engine == 'mpiio':
+            if direct:
+                raise Error('%s: direct=True needs engine="posix"'
+                            % self._path)
+            self._mpisrc = self._coll.run(_MPISource, self._comm, self._dpath)
+            self._src = (<_MPISource>self._mpisrc).src
+        else:
+            with nogil:
+                rc = lio_posix_open(&self._posix, cpath, c_direct, &err)
+            if rc:
+                if rc == LIO_SYSERR:
+                    raise _make_error(self._path, err.sys_errno or EIO,
+                                      sys_errno=err.sys_errno or EIO)
+                raise _core_error(self._path, rc, &err, self._dpath)
+            lio_posix_get_source(self._posix, &self._src)
 
         c_cache = cache_bytes
         c_ra = READAHEAD_BYTES if self._readahead else 0
@@ -472,6 +550,12 @@ cdef class Environment:
         if self._posix != NULL:
             lio_posix_close(self._posix)
             self._posix = NULL
+        if self._mpisrc is not None:
+            self._mpisrc.close()   # collective, as close() is under MPI
+            self._mpisrc = None
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = self._coll = None
 
     cdef void _cursor_closed(self) noexcept:
         self._nopen -= 1
@@ -481,6 +565,10 @@ cdef class Environment:
 
     def __dealloc__(self):
         self._nopen = 0
+        # Collective MPI calls cannot run at garbage-collection time, which
+        # differs between ranks: those handles are left to MPI_Finalize.
+        self._mpisrc = None
+        self._comm = self._coll = None
         self._free_handles()
 
     cdef int _check(self) except -1:
@@ -668,10 +756,56 @@ cdef class Environment:
             raise _core_error('mdb_env_info', rc, &err, self._dpath)
         return [_meta_dict(&metas[0]), _meta_dict(&metas[1])]
 
+    def _verify(self, name=None, progress=None, progress_every=4096,
+                max_problems=0):
+        """Check every structural invariant of the newest snapshot (or only
+        the named database `name`): ``(problems, stats)``, problems a list of
+        ``(pgno or None, message)``.  ``progress(done, total)`` is called every
+        `progress_every` pages read.  Used by ``lmdbio verify``."""
+        cdef Transaction t
+        cdef _VerifyCtx vc = _VerifyCtx()
+        cdef lio_verify_opts o
+        cdef lio_verify_stats st
+        cdef lio_error err
+        cdef int rc
+        cdef bytes bname = None
+        self._check()
+        memset(&o, 0, sizeof(o))
+        vc.problems = []
+        vc.progress = progress
+        o.report = _verify_report
+        if progress is not None:
+            o.progress = _verify_progress
+        o.ctx = <void *>vc
+        o.progress_every = progress_every
+        o.max_problems = max_problems
+        if name is not None:
+            bname = _to_bytes(name.encode() if isinstance(name, str) else name)
+            o.db_name = PyBytes_AS_STRING(bname)
+            o.db_name_len = PyBytes_GET_SIZE(bname)
+        t = self.begin()
+        try:
+            with nogil:
+                rc = lio_verify(self._env, &t.snap, &o, &st, &err)
+        finally:
+            t.abort()
+        if vc.exc is not None:
+            raise vc.exc
+        if rc == LIO_NOTFOUND:
+            raise _make_error('mdb_dbi_open', MDB_NOTFOUND)
+        if rc:
+            raise _core_error('verify', rc, &err, self._dpath)
+        return vc.problems, {
+            'problems': st.problems, 'pages_read': st.pages_read,
+            'trees': st.trees, 'named_dbs': st.named_dbs,
+            'free_pages': st.free_pages, 'pages_past_eof': st.pages_past_eof,
+            'last_pg': t.snap.last_pg, 'txnid': t.snap.txnid,
+            'psize': t.snap.psize}
+
     def begin(self, db=None, parent=None, write=False, buffers=False):
         """Shortcut for :py:class:`lmdbio.Transaction`"""
         cdef Transaction t = Transaction.__new__(Transaction)
-        t._init(self, db, parent, write, buffers)
+        t._start(self, db, parent, write, buffers)
         return t
 
     def open_db(self, key=None, txn=None, reverse_key=False, dupsort=False,
@@ -939,6 +1073,30 @@ def _write_all(int fd, data, what):
         mv = mv[n:]
 
 
+cdef class _VerifyCtx:
+    cdef list problems
+    cdef object progress
+    cdef object exc
+
+
+cdef void _verify_report(void *ctx, uint64_t pgno, const char *msg) noexcept nogil:
+    with gil:
+        (<_VerifyCtx>ctx).problems.append(
+            (None if pgno == LIO_EMPTY_ROOT else pgno,
+             (<bytes>msg).decode('utf-8', 'replace')))
+
+
+cdef int _verify_progress(void *ctx, uint64_t done, uint64_t total) noexcept nogil:
+    with gil:
+        vc = <_VerifyCtx>ctx
+        try:
+            vc.progress(done, total)
+        except BaseException as e:
+            vc.exc = e
+            return 1
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # Transaction
 # ---------------------------------------------------------------------------
@@ -977,7 +1135,28 @@ cdef class Transaction:
                  buffers=False):
         if env is None:
             raise TypeError('Transaction requires an Environment')
-        self._init(env, db, parent, write, buffers)
+        self._start(env, db, parent, write, buffers)
+
+    cdef int _start(self, Environment env, db, parent, write,
+                    buffers) except -1:
+        if env._coll is None:
+            return self._init(env, db, parent, write, buffers)
+        # Under MPI begin() is collective: every rank takes its own reader
+        # slot (if locking), then reads the snapshot rank 0 chose, which
+        # rank 0's slot pins on this machine (LMDB's locks do not reach
+        # across machines: multi-node reading needs a file nobody writes).
+        coll = env._coll
+        failure = None
+        try:
+            self._init(env, db, parent, write, buffers)
+        except Exception as e:
+            failure = e
+        coll.agree(failure)
+        snap = coll.bcast((<char *>&self.snap)[:sizeof(lio_meta)]
+                          if coll.rank == 0 else None)
+        if coll.rank != 0:
+            memcpy(&self.snap, <const char *>snap, sizeof(lio_meta))
+        return 0
 
     cdef int _init(self, Environment env, db, parent, write,
                    buffers) except -1:
@@ -1046,6 +1225,39 @@ cdef class Transaction:
                 raise _core_error('mdb_txn_begin', rc, &err, env._dpath)
         self._valid = True
         return 0
+
+    cdef object _read_error(self, what, int rc, const lio_error *err):
+        """The exception for a failed read in this transaction.  Without a
+        reader slot (lock=False) a damaged page is checked against the meta
+        pages: if a writer committed past the snapshot meanwhile, it may have
+        reused the snapshot's pages, and SnapshotChangedError says so."""
+        cdef lio_meta metas[2]
+        cdef lio_error merr
+        cdef int mrc
+        cdef uint64_t newest
+        exc = _core_error(what, rc, err, self.env._dpath)
+        if (self.env._lock != NULL or self.env._env == NULL or
+                (rc != LIO_PAGE_NOTFOUND and rc != LIO_CORRUPTED)):
+            return exc
+        with nogil:
+            mrc = lio_env_read_metas(self.env._env, metas, &merr)
+        if mrc:
+            return exc
+        newest = metas[0].txnid if metas[0].txnid > metas[1].txnid else metas[1].txnid
+        if newest <= self.snap.txnid:
+            return exc
+        new = _errors.SnapshotChangedError(
+            '%s: %s: snapshot txn %d was read without a reader slot (lock='
+            'False) while a writer committed up to txn %d, so its pages may '
+            'have been reused; the damage found: %s' % (
+                self.env._dpath, what, self.snap.txnid, newest, exc))
+        new.what = what
+        new.code = exc.code
+        new.reason = exc.reason
+        new.txnid = self.snap.txnid
+        new.newest = newest
+        new.__cause__ = exc
+        return new
 
     cdef inline bint _live(self) noexcept:
         return self._valid and self._gen == self.env._gen
@@ -1158,7 +1370,7 @@ cdef class Transaction:
             out.flags = db.dbflags
             out.root = LIO_EMPTY_ROOT
         elif rc:
-            raise _core_error(what, rc, &err, self.env._dpath)
+            raise self._read_error(what, rc, &err)
         elif (out.flags & LIO_PERSISTENT_FLAGS) != db.dbflags:
             raise _make_error(what, MDB_INCOMPATIBLE)
         db.rec = out[0]
@@ -1218,8 +1430,8 @@ cdef class Transaction:
         if rc:
             if rc == LIO_NOTFOUND:
                 return default
-            raise _core_error('mdb_get', rc, lio_cursor_error(self._scratch),
-                              self.env._dpath)
+            raise self._read_error('mdb_get', rc,
+                                   lio_cursor_error(self._scratch))
         return _val_obj(&dv, self._buffers)
 
     def cursor(self, db=None):
@@ -1385,9 +1597,8 @@ cdef class Cursor:
         self._val.size = 0
         if rc != LIO_NOTFOUND and not (rc == LIO_EINVAL and
                                        op == LIO_GET_CURRENT):
-            raise _core_error('mdb_cursor_get', rc,
-                              lio_cursor_error(self._c),
-                              self.txn.env._dpath)
+            raise self.txn._read_error('mdb_cursor_get', rc,
+                                       lio_cursor_error(self._c))
         return 0
 
     cdef object _op(self, lio_cursor_op op):
@@ -1753,6 +1964,16 @@ cdef class _Iterator:
         return _val_obj(&c._val, c._buffers)
 
 
+
+
+def _fault_injected():
+    """Faults injected so far in this process by the test-only hook
+    ($LMDBIO_FAULT, see csrc/lmdbio.h), or None when this build does not
+    have it (only builds compiled with -DLMDBIO_FAULT_INJECTION do)."""
+    cdef uint64_t n = 0
+    if not lio_fault_injection(&n):
+        return None
+    return n
 
 
 def enable_drop_gil():

@@ -108,6 +108,18 @@ commands:
           [-V] [-n] [-e] [-r[r]] [-f[f[f]]] [-a|-s subdb] dbpath
   dump    dump databases in mdb_load's text format; the options and output of
           mdb_dump  [-V] [-f output] [-l] [-n] [-p] [-a|-s subdb] dbpath
+  verify  check every structural invariant; each problem with its page,
+          exit status 0 only for a clean file
+          [-n] [-s subdb] [-m max-problems] [--progress] dbpath
+  convert build a Caffe LMDB of Datums (written with py-lmdb), as Caffe's
+          convert_imageset, or from a .npz of images and labels
+          [--gray] [--shuffle] [--resize_height H --resize_width W]
+          [--encoded] ROOTFOLDER/ LISTFILE DB_NAME
+          --npz [--encoded] FILE.npz DB_NAME      (--help: all options)
+  bench   lmdbio side by side with py-lmdb and a raw pread, interleaved
+          rounds, hot and cold: records/s, GB/s and ratios
+          [--dataset small|big|cifar|shuffled] [--quick] [--rounds N]
+          [--modes hot,cold] [--peers ...] [PATH ...]  (--help: all options)
 
 options:
   -h, --help  show this help and exit
@@ -909,9 +921,32 @@ def _dump_body(prog, io, env, o, subname, path):
 # --------------------------------------------------------------------------
 
 _PROG = "lmdbio"
+def _cmd_verify(prog, args, io, backend):
+    from lmdbio.verify import main as verify_main
+    return verify_main(prog, args, io, backend)
+
+
+def _cmd_convert(prog, args, io, backend):
+    from lmdbio.convert import main as convert_main
+    return convert_main(prog, args, io, backend)
+
+
+def _cmd_bench(prog, args, io, backend):
+    from lmdbio.bench import main as bench_main
+    try:
+        return bench_main(args, prog=prog,
+                          out=lambda s: (io.write(s.encode()), io.flush()),
+                          err=io.error)
+    except SystemExit as exc:  # argparse: --help, usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+
+
 _COMMANDS = {
     "stat": _cmd_stat,
     "dump": _cmd_dump,
+    "verify": _cmd_verify,
+    "convert": _cmd_convert,
+    "bench": _cmd_bench,
 }
 
 
