@@ -59,6 +59,14 @@ static inline const uint8_t *nd_data(const uint8_t *n) { return n + NODEHDRSZ + 
 
 void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db);
 
+/* ---- key order (lmdb-format.md) --------------------------------------- */
+enum { LIO_CMP_MEMN, LIO_CMP_MEMNR, LIO_CMP_INT };
+/* liblmdb's comparators: memcmp then length, the same from the end, or
+ * native unsigned integers compared over a's size. */
+int lio_cmp(int kind, const lio_val *a, const lio_val *b);
+int lio_key_cmp_kind(uint16_t db_flags);
+int lio_dup_cmp_kind(uint16_t db_flags);
+
 /* ---- errors ------------------------------------------------------------ */
 int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -13,7 +13,6 @@
 #define C_INITIALIZED 0x01
 #define C_EOF 0x02
 
-enum { CMP_MEMN, CMP_MEMNR, CMP_INT };
 
 typedef struct tcursor {
     struct lio_cursor *cur;
@@ -48,61 +47,6 @@ static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
 {
     return lio_fail(&c->cur->err, code, pgno, "page %llu: %s",
                     (unsigned long long)pgno, what);
-}
-
-/* ---- comparison ---------------------------------------------------------- */
-
-static int cmp_vals(int kind, const lio_val *a, const lio_val *b)
-{
-    size_t n;
-    int d;
-    switch (kind) {
-    case CMP_INT: {
-        /* Native unsigned integers compared by value (liblmdb compares
-         * a->size bytes of both, most significant first). */
-        size_t i = a->size;
-        while (i-- > 0) {
-            unsigned ab = a->data[i], bb = i < b->size ? b->data[i] : 0;
-            if (ab != bb)
-                return ab < bb ? -1 : 1;
-        }
-        return 0;
-    }
-    case CMP_MEMNR: {
-        const uint8_t *pa = a->data + a->size, *pb = b->data + b->size;
-        n = a->size < b->size ? a->size : b->size;
-        while (n-- > 0) {
-            d = (int)*--pa - (int)*--pb;
-            if (d)
-                return d;
-        }
-        break;
-    }
-    default:
-        n = a->size < b->size ? a->size : b->size;
-        d = n ? memcmp(a->data, b->data, n) : 0;
-        if (d)
-            return d;
-    }
-    return a->size < b->size ? -1 : a->size > b->size;
-}
-
-static int key_cmp_kind(uint16_t flags)
-{
-    if (flags & LIO_REVERSEKEY)
-        return CMP_MEMNR;
-    if (flags & LIO_INTEGERKEY)
-        return CMP_INT;
-    return CMP_MEMN;
-}
-
-static int dup_cmp_kind(uint16_t flags)
-{
-    if (flags & LIO_INTEGERDUP)
-        return CMP_INT;
-    if (flags & LIO_REVERSEDUP)
-        return CMP_MEMNR;
-    return CMP_MEMN;
 }
 
 /* ---- page stack ---------------------------------------------------------- */
@@ -219,7 +163,7 @@ static int node_search(tcursor *c, const lio_val *key, int *exactp)
     while (low <= high) {
         i = (unsigned)(low + high) >> 1;
         node_key(c, p, i, &nk);
-        rc = cmp_vals(c->cmp, key, &nk);
+        rc = lio_cmp(c->cmp, key, &nk);
         if (rc == 0)
             break;
         if (rc > 0)
@@ -665,7 +609,7 @@ static int cursor_set(tcursor *c, lio_val *key, lio_val *data,
         p = top_page(c);
         n = pg_numkeys(p);
         node_key(c, p, 0, &nk);
-        rc = cmp_vals(c->cmp, key, &nk);
+        rc = lio_cmp(c->cmp, key, &nk);
         if (rc == 0) {
             c->ki[c->top] = 0;
             if (exactp)
@@ -676,7 +620,7 @@ static int cursor_set(tcursor *c, lio_val *key, lio_val *data,
             unsigned i;
             if (n > 1) {
                 node_key(c, p, n - 1, &nk);
-                rc = cmp_vals(c->cmp, key, &nk);
+                rc = lio_cmp(c->cmp, key, &nk);
                 if (rc == 0) {
                     c->ki[c->top] = n - 1;
                     if (exactp)
@@ -686,7 +630,7 @@ static int cursor_set(tcursor *c, lio_val *key, lio_val *data,
                 if (rc < 0) {
                     if (c->ki[c->top] < n) {
                         node_key(c, p, c->ki[c->top], &nk);
-                        if (cmp_vals(c->cmp, key, &nk) == 0) {
+                        if (lio_cmp(c->cmp, key, &nk) == 0) {
                             if (exactp)
                                 *exactp = 1;
                             goto set1;
@@ -757,7 +701,7 @@ set1:
             lio_val d2;
             if ((rc = node_read(c, leaf, &d2)))
                 return rc;
-            rc = cmp_vals(c->cur->dcmp, data, &d2);
+            rc = lio_cmp(c->cur->dcmp, data, &d2);
             if (rc) {
                 if (op == LIO_GET_BOTH || rc > 0)
                     return LIO_NOTFOUND;
@@ -1016,8 +960,8 @@ int lio_cursor_open(lio_cursor **out, lio_env *env, const lio_meta *snap,
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     cur->env = env;
     cur->snap = *snap;
-    cur->dcmp = dup_cmp_kind(rec.flags);
-    tcursor_init(&cur->mc, cur, &rec, key_cmp_kind(rec.flags),
+    cur->dcmp = lio_dup_cmp_kind(rec.flags);
+    tcursor_init(&cur->mc, cur, &rec, lio_key_cmp_kind(rec.flags),
                  dupsort ? &cur->mx : NULL);
     if (dupsort) {
         lio_dbrec none;

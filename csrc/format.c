@@ -364,3 +364,58 @@ int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
     }
     return LIO_SUCCESS;
 }
+
+/* ---- comparison ---------------------------------------------------------- */
+
+int lio_cmp(int kind, const lio_val *a, const lio_val *b)
+{
+    size_t n;
+    int d;
+    switch (kind) {
+    case LIO_CMP_INT: {
+        /* Native unsigned integers compared by value (liblmdb compares
+         * a->size bytes of both, most significant first). */
+        size_t i = a->size;
+        while (i-- > 0) {
+            unsigned ab = a->data[i], bb = i < b->size ? b->data[i] : 0;
+            if (ab != bb)
+                return ab < bb ? -1 : 1;
+        }
+        return 0;
+    }
+    case LIO_CMP_MEMNR: {
+        const uint8_t *pa = a->data + a->size, *pb = b->data + b->size;
+        n = a->size < b->size ? a->size : b->size;
+        while (n-- > 0) {
+            d = (int)*--pa - (int)*--pb;
+            if (d)
+                return d;
+        }
+        break;
+    }
+    default:
+        n = a->size < b->size ? a->size : b->size;
+        d = n ? memcmp(a->data, b->data, n) : 0;
+        if (d)
+            return d;
+    }
+    return a->size < b->size ? -1 : a->size > b->size;
+}
+
+int lio_key_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_REVERSEKEY)
+        return LIO_CMP_MEMNR;
+    if (flags & LIO_INTEGERKEY)
+        return LIO_CMP_INT;
+    return LIO_CMP_MEMN;
+}
+
+int lio_dup_cmp_kind(uint16_t flags)
+{
+    if (flags & LIO_INTEGERDUP)
+        return LIO_CMP_INT;
+    if (flags & LIO_REVERSEDUP)
+        return LIO_CMP_MEMNR;
+    return LIO_CMP_MEMN;
+}

@@ -23,7 +23,6 @@
 #define VLEVELS (2 * LIO_MAX_DEPTH + 2)
 
 enum { T_MAIN, T_NAMED, T_FREE, T_DUP };
-enum { CMP_MEMN, CMP_MEMNR, CMP_INT };
 
 typedef struct named_db {
     uint8_t *name;
@@ -108,60 +107,6 @@ static void count_page(vstate *v)
             fatal(v, LIO_EINVAL, &e);
         }
     }
-}
-
-/* ---- comparison -------------------------------------------------------- */
-
-static int cmp_vals(int kind, const lio_val *a, const lio_val *b)
-{
-    size_t n;
-    int d;
-    switch (kind) {
-    case CMP_INT: {
-        size_t i = a->size > b->size ? a->size : b->size;
-        while (i-- > 0) {
-            unsigned ab = i < a->size ? a->data[i] : 0;
-            unsigned bb = i < b->size ? b->data[i] : 0;
-            if (ab != bb)
-                return ab < bb ? -1 : 1;
-        }
-        return 0;
-    }
-    case CMP_MEMNR: {
-        const uint8_t *pa = a->data + a->size, *pb = b->data + b->size;
-        n = a->size < b->size ? a->size : b->size;
-        while (n-- > 0) {
-            d = (int)*--pa - (int)*--pb;
-            if (d)
-                return d;
-        }
-        break;
-    }
-    default:
-        n = a->size < b->size ? a->size : b->size;
-        d = n ? memcmp(a->data, b->data, n) : 0;
-        if (d)
-            return d;
-    }
-    return a->size < b->size ? -1 : a->size > b->size;
-}
-
-static int key_cmp_kind(uint16_t flags)
-{
-    if (flags & LIO_REVERSEKEY)
-        return CMP_MEMNR;
-    if (flags & LIO_INTEGERKEY)
-        return CMP_INT;
-    return CMP_MEMN;
-}
-
-static int dup_cmp_kind(uint16_t flags)
-{
-    if (flags & LIO_INTEGERDUP)
-        return CMP_INT;
-    if (flags & LIO_REVERSEDUP)
-        return CMP_MEMNR;
-    return CMP_MEMN;
 }
 
 /* ---- page accounting ----------------------------------------------------- */
@@ -348,7 +293,7 @@ static void check_keys(vstate *v, vtree *t, const uint8_t *p, unsigned first,
     unsigned long long pg = (unsigned long long)pgno;
     for (unsigned i = first; i < n && !v->stop; i++) {
         get_key(t, p, i, pad, &k);
-        if (cmp == CMP_INT) {
+        if (cmp == LIO_CMP_INT) {
             if (k.size != 4 && k.size != 8) {
                 problem(v, pgno, "page %llu (%s): %s %u is %zu bytes, not a "
                         "4- or 8-byte integer", pg, t->name, what, i, k.size);
@@ -363,12 +308,12 @@ static void check_keys(vstate *v, vtree *t, const uint8_t *p, unsigned first,
                 return;
             }
         }
-        if (i > first && cmp_vals(cmp, &prev, &k) >= 0) {
+        if (i > first && lio_cmp(cmp, &prev, &k) >= 0) {
             problem(v, pgno, "page %llu (%s): %s %u is not above %s %u "
                     "(out of order)", pg, t->name, what, i, what, i - 1);
             return;
         }
-        if (i == first && lo && lo->data && cmp_vals(cmp, &k, lo) < 0) {
+        if (i == first && lo && lo->data && lio_cmp(cmp, &k, lo) < 0) {
             problem(v, pgno, "page %llu (%s): %s %u is below the separator "
                     "key its parent gives it (children out of key order)",
                     pg, t->name, what, i);
@@ -377,7 +322,7 @@ static void check_keys(vstate *v, vtree *t, const uint8_t *p, unsigned first,
         prev = k;
     }
     if (n > first && hi && hi->data && !v->stop &&
-        cmp_vals(cmp, &prev, hi) >= 0)
+        lio_cmp(cmp, &prev, hi) >= 0)
         problem(v, pgno, "page %llu (%s): %s %u is not below the next "
                 "separator key of its parent (children out of key order)",
                 pg, t->name, what, n - 1);
@@ -802,8 +747,8 @@ static void init_tree(vtree *t, int kind, const char *name,
     if (kind == T_FREE)
         t->db.flags = LIO_INTEGERKEY;
     t->rec_pgno = rec_pgno;
-    t->cmp = key_cmp_kind(t->db.flags);
-    t->dcmp = dup_cmp_kind(t->db.flags);
+    t->cmp = lio_key_cmp_kind(t->db.flags);
+    t->dcmp = lio_dup_cmp_kind(t->db.flags);
 }
 
 static void walk_named(vstate *v, named_db *nd, unsigned which)
