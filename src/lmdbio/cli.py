@@ -586,6 +586,30 @@ def _freelist_record(io, key, value, level):
     return count
 
 
+def _open_operand(prog, args, optstring, io, handle, usage, o, backend):
+    """Parse mdb_stat/mdb_dump style options, then open the one operand as
+    they do: (env, subname, path), or the exit status of a usage or open
+    error (already reported)."""
+    try:
+        operands = _parse(prog, args, optstring, io, handle)
+        if len(operands) != 1:
+            raise _Usage()
+    except _Usage:
+        io.error(usage)
+        return 1
+    path = operands[0]
+    subname = _name_bytes(o["s"]) if o["s"] is not None else None
+
+    try:
+        env = _Env(backend, path, o["n"], named=_named_mode(o, subname))
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
+        return 1
+    return env, subname, path
+
+
 def _cmd_stat(prog, args, io, backend):
     usage = _STAT_USAGE % prog
     if not args:
@@ -612,23 +636,10 @@ def _cmd_stat(prog, args, io, backend):
         else:
             raise _Usage()
 
-    try:
-        operands = _parse(prog, args, "Vaefnrs:", io, handle)
-        if len(operands) != 1:
-            raise _Usage()
-    except _Usage:
-        io.error(usage)
-        return 1
-    path = operands[0]
-    subname = _name_bytes(o["s"]) if o["s"] is not None else None
-
-    try:
-        env = _Env(backend, path, o["n"], named=_named_mode(o, subname))
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
-        return 1
+    opened = _open_operand(prog, args, "Vaefnrs:", io, handle, usage, o, backend)
+    if isinstance(opened, int):
+        return opened
+    env, subname, path = opened
     try:
         return _stat_body(io, env, o, subname)
     finally:
@@ -846,23 +857,10 @@ def _cmd_dump(prog, args, io, backend):
         else:
             raise _Usage()
 
-    try:
-        operands = _parse(prog, args, "af:lnps:V", io, handle)
-        if len(operands) != 1:
-            raise _Usage()
-    except _Usage:
-        io.error(usage)
-        return 1
-    path = operands[0]
-    subname = _name_bytes(o["s"]) if o["s"] is not None else None
-
-    try:
-        env = _Env(backend, path, o["n"], named=_named_mode(o, subname))
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
-        return 1
+    opened = _open_operand(prog, args, "af:lnps:V", io, handle, usage, o, backend)
+    if isinstance(opened, int):
+        return opened
+    env, subname, path = opened
     try:
         return _dump_body(prog, io, env, o, subname, path)
     finally:
