@@ -42,8 +42,6 @@ peers (to debug the suite); ``LMDBIO_BENCH_DIR`` is the dataset cache.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import json
 import mmap
@@ -78,40 +76,9 @@ BASELINES = ["py-lmdb", "pread", "py-lmdb-get"]
 # cold cache and accounting
 # --------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-
 
 def data_file(path: str) -> str:
     return os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-
-
-def cached_fraction(path: str) -> float:
-    """Fraction of PATH's pages in the page cache (mincore on a read-only
-    mapping that is never touched, so nothing is read or faulted in)."""
-    fd = os.open(data_file(path), os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 0.0
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return float("nan")
-        try:
-            pg = mmap.PAGESIZE
-            npages = (size + pg - 1) // pg
-            vec = (ctypes.c_ubyte * npages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                return float("nan")
-            return sum(b & 1 for b in bytes(vec)) / npages
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
 
 
 def _fadvise_dontneed(path: str):
