@@ -290,6 +290,10 @@ def test_lock_false_never_crashes_or_hangs(lmdbio, tmp_path):
     consistent = sum(1 for t, n, dg in res["complete"] if log.get(t)[:2] == (n, dg))
     print("lock=False: %d reads completed (%d consistent), errors %s, %d commits"
           % (len(res["complete"]), consistent, res["errors"], commits))
+    # a scan that completed was checked against the meta pages: it never
+    # mixes two snapshots (a scan that might have raised SnapshotChangedError)
+    assert consistent == len(res["complete"]), res["complete"]
+    assert set(res["errors"]) <= {"SnapshotChangedError"}, res["errors"]
 
 
 def test_lock_false_snapshot_changed_error(lmdbio, tmp_path):
@@ -326,3 +330,47 @@ def test_lock_false_snapshot_changed_error(lmdbio, tmp_path):
     with renv.begin() as txn:
         assert txn.get(b"big0-0") == b"\x01" * 9000
     renv.close()
+
+
+@pytest.mark.parametrize("commits,raises", [(0, False), (1, False), (2, True), (5, True)])
+def test_lock_false_txnid_check(lmdbio, tmp_path, commits, raises):
+    """A reader without a slot may go on while the writer is at most one
+    commit past its snapshot (nothing of the snapshot can be reused yet);
+    from two on, the end of a scan, the next Reader batch and every 1024th
+    read raise SnapshotChangedError instead of returning bytes that may come
+    from reused pages."""
+    import lmdb
+    path = str(tmp_path / "env")
+    wenv = lmdb.open(path, map_size=64 << 20)
+    with wenv.begin(write=True) as txn:
+        for i in range(3000):
+            txn.put(b"k%05d" % i, b"v%d" % i)
+    env = lmdbio.open(path, readonly=True, lock=False)
+    txn = env.begin()
+    reader = lmdbio.Reader(path, lock=False, batch_size=100, index_cache=False)
+    batches = iter(reader)
+    first = next(batches)
+    for j in range(commits):
+        with wenv.begin(write=True) as w:
+            w.put(b"k%05d" % j, b"new")
+    wenv.close()
+
+    def scan():
+        return sum(1 for _ in txn.cursor())
+
+    def gets():
+        return sum(1 for i in range(2000) if txn.get(b"k%05d" % i) is not None)
+
+    def rest():
+        return len(first) + sum(len(b) for b in batches)
+
+    for fn, n in ((scan, 3000), (gets, 2000), (rest, 3000)):
+        if raises:
+            with pytest.raises(lmdbio.SnapshotChangedError) as ei:
+                fn()
+            assert ei.value.newest == ei.value.txnid + commits
+        else:
+            assert fn() == n
+    txn.abort()
+    reader.close()
+    env.close()

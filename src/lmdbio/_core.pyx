@@ -1124,6 +1124,7 @@ cdef class Transaction:
     cdef list _cursors         # weakrefs to this transaction's Cursors
     cdef uint64_t _seq         # env._seq at begin: the DBIs it knows
     cdef list _pending         # DBIs opened in this transaction
+    cdef unsigned _ops         # reads since the last snapshot check (lock=False)
     cdef object __weakref__
 
     def __cinit__(self):
@@ -1225,6 +1226,47 @@ cdef class Transaction:
                 raise _core_error('mdb_txn_begin', rc, &err, env._dpath)
         self._valid = True
         return 0
+
+    cdef int _count_read(self) except -1:
+        """lock=False: check the snapshot every 1024 reads."""
+        self._ops += 1
+        if self._ops >= 1024:
+            self._check_snapshot('mdb_cursor_get')
+        return 0
+
+    cdef int _check_snapshot(self, what) except -1:
+        """lock=False: without a reader slot, a writer may reuse the pages
+        of this snapshot once it has committed two transactions past it (it
+        reuses what the transaction after the snapshot freed, from the one
+        after that on).  Reads done while the newest txnid is at most one
+        past the snapshot came from intact pages; later ones may not have:
+        SnapshotChangedError."""
+        cdef lio_meta metas[2]
+        cdef lio_error merr
+        cdef int mrc
+        cdef uint64_t newest
+        self._ops = 0
+        if self.env._lock != NULL or self.env._env == NULL:
+            return 0
+        with nogil:
+            mrc = lio_env_read_metas(self.env._env, metas, &merr)
+        if mrc:
+            return 0
+        newest = metas[0].txnid if metas[0].txnid > metas[1].txnid else metas[1].txnid
+        if newest < self.snap.txnid + 2:
+            return 0
+        exc = _errors.SnapshotChangedError(
+            '%s: %s: snapshot txn %d was read without a reader slot (lock='
+            'False) while a writer committed up to txn %d: pages of the '
+            'snapshot may have been reused under the reads since the last '
+            'check; use lock=True next to a live writer, or begin a new '
+            'transaction' % (self.env._dpath, what, self.snap.txnid, newest))
+        exc.what = what
+        exc.code = 0
+        exc.reason = ''
+        exc.txnid = self.snap.txnid
+        exc.newest = newest
+        raise exc
 
     cdef object _read_error(self, what, int rc, const lio_error *err):
         """The exception for a failed read in this transaction.  Without a
@@ -1432,6 +1474,8 @@ cdef class Transaction:
                 return default
             raise self._read_error('mdb_get', rc,
                                    lio_cursor_error(self._scratch))
+        if self.env._lock == NULL:
+            self._count_read()
         return _val_obj(&dv, self._buffers)
 
     def cursor(self, db=None):
@@ -1591,6 +1635,8 @@ cdef class Cursor:
             rc = lio_cursor_get(self._c, &self._key, &self._val, op)
         if rc == 0:
             self.positioned = True
+            if self.txn.env._lock == NULL:
+                self.txn._count_read()
             return 0
         self.positioned = False
         self._key.size = 0
@@ -1599,6 +1645,11 @@ cdef class Cursor:
                                        op == LIO_GET_CURRENT):
             raise self.txn._read_error('mdb_cursor_get', rc,
                                        lio_cursor_error(self._c))
+        if self.txn.env._lock == NULL and (
+                op == LIO_NEXT or op == LIO_PREV or op == LIO_NEXT_NODUP or
+                op == LIO_PREV_NODUP):
+            # the end of a scan: was all of it read from intact pages?
+            self.txn._check_snapshot('mdb_cursor_get')
         return 0
 
     cdef object _op(self, lio_cursor_op op):

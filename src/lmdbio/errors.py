@@ -289,13 +289,16 @@ class DatumError(Error, ValueError):
 
 
 class SnapshotChangedError(Error):
-    """A read without a reader slot (``lock=False``) met a damaged page after
-    a writer committed past the snapshot being read: the writer may have
-    reused the snapshot's pages, so the damage is most likely the writer's
-    new data, not a corrupt file.  Retry in a new transaction (or Reader), or
-    use ``lock=True``.  Attributes: ``txnid`` (the snapshot read),
-    ``newest`` (the newest committed txnid when it was detected).  Not a
-    py-lmdb class."""
+    """A read without a reader slot (``lock=False``) may have met pages that a
+    live writer reused: the newest committed txnid is two or more past the
+    snapshot being read (a writer reuses a snapshot's pages from then on),
+    or a damaged page was met after the writer moved past it.  Raised at the
+    end of a cursor scan, every 1024 reads of a transaction, after every
+    ``Reader`` batch (before it is returned) and in place of the
+    ``CorruptedError`` / ``PageNotFoundError`` such pages cause.  Begin a new
+    transaction (or open a new Reader), or use ``lock=True`` next to a live
+    writer.  Attributes: ``txnid`` (the snapshot read), ``newest`` (the
+    newest committed txnid when it was detected).  Not a py-lmdb class."""
 
 
 def disk_error(what, sys_errno, path=None, offset=None):

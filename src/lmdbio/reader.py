@@ -292,8 +292,13 @@ class Reader:
         else:
             self._file = BulkFile(data, direct=bool(direct), threads=threads)
         self._pin_snapshot(lock, subdir)
-        self._collective(self._file.select, self.db)
-        self._load_index(index_cache, data)
+        try:
+            self._collective(self._file.select, self.db)
+            self._load_index(index_cache, data)
+        except (CorruptedError, PageNotFoundError) as e:
+            raise self._snapshot_changed(e) from e
+        if self._env is None and self._coll is None:
+            self._check_snapshot()
 
     # -- snapshot and index ---------------------------------------------
     def _pin_snapshot(self, lock, subdir):
@@ -423,8 +428,28 @@ class Reader:
                     ordinals, self.keys_wanted, independent=True)
             except (CorruptedError, PageNotFoundError) as e:
                 raise self._snapshot_changed(e) from e
+            if self._env is None and self._coll is None:
+                self._check_snapshot()
         keys = Ragged(kdata, koff) if kdata is not None else None
         return Batch(ordinals, keys, Ragged(vdata, voff))
+
+    def _check_snapshot(self):
+        """lock=False: after each batch, the newest txnid must be at most
+        one past the snapshot.  A writer reuses the pages of a snapshot only
+        from the second transaction after it on, so a batch read before that
+        came from intact pages; otherwise SnapshotChangedError, never a
+        batch that may mix two snapshots."""
+        snap = self._file.txnid
+        newest = self._file.newest_txnid()
+        if newest >= snap + 2:
+            exc = SnapshotChangedError(
+                '%s: snapshot txn %d was read without a reader slot '
+                '(lock=False) while a writer committed up to txn %d: its '
+                'pages may have been reused under this batch; use lock=True '
+                'next to a live writer, or open a new Reader'
+                % (self.path, snap, newest))
+            exc.txnid, exc.newest = snap, newest
+            raise exc
 
     def _snapshot_changed(self, exc):
         """Without a reader slot (lock=False) a damaged page met after a
