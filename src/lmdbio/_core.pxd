@@ -137,3 +137,68 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t pages_past_eof
     int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
                    lio_verify_stats *st, lio_error *err)
+
+    # planned reads, the record index and bulk reads (the Reader's path)
+    ctypedef struct lio_read:
+        uint64_t off
+        size_t first_seg
+        size_t nseg
+        size_t len
+    ctypedef struct lio_seg:
+        uint8_t *dst
+        size_t len
+    ctypedef struct lio_plan:
+        lio_read *reads
+        size_t nreads
+        lio_seg *segs
+        size_t nsegs
+    ctypedef int (*lio_run_fn)(void *ctx, const lio_plan *plan,
+                               lio_error *err) noexcept nogil
+    ctypedef struct lio_executor:
+        void *ctx
+        lio_run_fn run
+    ctypedef struct lio_index:
+        uint64_t txnid
+        uint64_t root
+        uint64_t nleaves
+        uint64_t *leaf_pgno
+        uint64_t *first
+        uint64_t pages_read
+    ctypedef struct lio_pool:
+        pass
+    ctypedef struct lio_bulk:
+        pass
+
+    int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
+                      lio_error *err)
+    void lio_pool_get_executor(lio_pool *pool, lio_executor *ex)
+    void lio_pool_stats(const lio_pool *pool, uint64_t *requests,
+                        uint64_t *nbytes)
+    void lio_pool_close(lio_pool *pool)
+
+    int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        lio_error *err)
+    int lio_index_leaves(lio_env *env, const lio_meta *snap,
+                         const lio_dbrec *db, const lio_executor *ex,
+                         uint64_t **leaves, uint64_t *nleaves, lio_error *err)
+    int lio_index_count(lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        const uint64_t *leaves, uint64_t n, uint64_t *counts,
+                        lio_error *err)
+    int lio_index_adopt(lio_index **out, const lio_meta *snap,
+                        const lio_dbrec *db, uint64_t nleaves,
+                        uint64_t *leaf_pgno, uint64_t *first, lio_error *err)
+    void lio_index_free(lio_index *idx)
+
+    int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
+                      const lio_dbrec *db, const lio_index *idx,
+                      const lio_executor *ex, lio_error *err)
+    int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
+                         uint64_t *key_bytes, uint64_t *value_bytes)
+    int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff,
+                      uint8_t *vdata, int64_t *voff)
+    const lio_error *lio_bulk_error(const lio_bulk *b)
+    void lio_bulk_close(lio_bulk *b)
+    void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
+    void lio_bulk_set_collective(lio_bulk *b, int on)
