@@ -368,7 +368,10 @@ def test_lock_false_txnid_check(lmdbio, tmp_path, commits, raises):
         if raises:
             with pytest.raises(lmdbio.SnapshotChangedError) as ei:
                 fn()
-            assert ei.value.newest == ei.value.txnid + commits
+            # The Reader's prefetch thread may meet the writer mid-way
+            # (any newest from two past the snapshot on raises).
+            assert (ei.value.txnid + 2 <= ei.value.newest
+                    <= ei.value.txnid + commits)
         else:
             assert fn() == n
     txn.abort()
