@@ -669,6 +669,58 @@ class Transform:
 _END = object()
 
 
+def prefetched(make_items, depth, name, running=None):
+    """The items of make_items(), produced in a thread up to `depth` ahead.
+    An exception in the thread is raised in the consumer; when the consumer
+    stops (or the producer's iterator ends) the thread is stopped and
+    joined.  running: a list that holds (thread, stop event) while it runs,
+    so an owner's close() can stop it."""
+    q = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce():
+        items = make_items()
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # raised again in the consumer
+            put(e)
+        finally:
+            close = getattr(items, 'close', None)
+            if close is not None:
+                close()
+
+    t = threading.Thread(target=produce, name=name, daemon=True)
+    entry = (t, stop)
+    if running is not None:
+        running.append(entry)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
+        if running is not None and entry in running:
+            running.remove(entry)
+
+
 class DatumReader:
     """Batches of a Caffe LMDB as ``(data, labels)`` numpy arrays.
 
@@ -746,45 +798,16 @@ class DatumReader:
             for batch in self.reader:
                 yield self._convert(batch)
             return
-        q = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def put(item):
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    pass
-            return False
-
-        def produce():
+        def batches():
             it = iter(self.reader)
             try:
                 for batch in it:
-                    if not put(self._convert(batch)):
-                        return
-                put(_END)
-            except BaseException as e:  # raised again in the consumer
-                put(e)
+                    yield self._convert(batch)
             finally:
-                it.close()
+                it.close()  # stops the Reader's own prefetch at once
 
-        t = threading.Thread(target=produce, name='lmdbio-datum', daemon=True)
-        self._threads.append((t, stop))
-        t.start()
-        try:
-            while True:
-                item = q.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            t.join()
-            self._threads.remove((t, stop))
+        yield from prefetched(batches, self.prefetch, 'lmdbio-datum',
+                              self._threads)
 
     # -- lifetime ---------------------------------------------------------
     def close(self):

@@ -19,8 +19,6 @@ both ``fork`` and ``spawn`` workers.
 """
 
 import os
-import queue
-import threading
 
 import numpy as np
 
@@ -198,7 +196,6 @@ class LMDBDataset(_ReaderHolder, Dataset):
         return self._items(self._get_reader().read(idx))
 
 
-_END = object()
 
 
 class LMDBIterableDataset(_ReaderHolder, IterableDataset):
@@ -313,40 +310,10 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
             for chunk in self._chunks(ordinals):
                 yield reader.read(chunk)
             return
-        q = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def put(item):
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    pass
-            return False
-
-        def produce():
-            try:
-                for chunk in self._chunks(ordinals):
-                    if not put(reader.read(chunk)):
-                        return
-                put(_END)
-            except BaseException as e:
-                put(e)
-
-        t = threading.Thread(target=produce, name='lmdbio-torch', daemon=True)
-        t.start()
-        try:
-            while True:
-                item = q.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            t.join()
+        from lmdbio.datum import prefetched
+        yield from prefetched(
+            lambda: (reader.read(c) for c in self._chunks(ordinals)),
+            self.prefetch, 'lmdbio-torch')
 
     def __iter__(self):
         rank, world, wid, nworkers = self._where()
