@@ -19,6 +19,7 @@ typedef struct rec {
     uint64_t vsize;
     uint64_t ovpg;            /* first overflow page, 0 if inline */
     int64_t arena_at;         /* value copied to the arena, else -1 */
+    uint8_t *vdst;            /* where fill puts the value */
 } rec;
 
 struct lio_bulk {
@@ -53,6 +54,12 @@ struct lio_bulk {
     uint64_t *ov_order;
     uint8_t *ov_hdr;
     size_t ov_cap;
+    /* cache policy (lio_bulk_set_cache) */
+    size_t region;            /* read-ahead region bytes, 0: none */
+    unsigned region_min;      /* needed leaves that make a region dense */
+    int drop;                 /* drop what was read once consumed */
+    uint8_t *advised;         /* one bit per region advised this pass */
+    size_t advised_bytes;
 };
 
 static int oom(lio_bulk *b)
@@ -117,8 +124,69 @@ void lio_bulk_set_collective(lio_bulk *b, int on) { b->collective = on; }
 
 static int run_plan(lio_bulk *b)
 {
+    int rc;
     b->ran = 1;
-    return b->ex.run(b->ex.ctx, &b->plan, &b->err);
+    rc = b->ex.run(b->ex.ctx, &b->plan, &b->err);
+    if (rc == 0 && b->drop && b->ex.advise)
+        for (size_t i = 0; i < b->plan.nreads; i++)
+            b->ex.advise(b->ex.ctx, b->plan.reads[i].off, b->plan.reads[i].len,
+                         LIO_ADVISE_DONTNEED);
+    return rc;
+}
+
+void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
+                        int drop)
+{
+    b->region = drop ? 0 : region;
+    b->region_min = min_pages ? min_pages : 1;
+    b->drop = drop;
+    lio_bulk_new_pass(b);
+}
+
+void lio_bulk_new_pass(lio_bulk *b)
+{
+    if (b->advised)
+        memset(b->advised, 0, b->advised_bytes);
+}
+
+uint64_t lio_bulk_leaf_bytes(const lio_bulk *b)
+{
+    return (uint64_t)b->nleaves * b->env->psize;
+}
+
+/* Ask for whole regions where the window's leaves (page numbers sorted,
+ * each inside the file) are dense: the storage then reads them in large
+ * requests, and later windows find the rest of each region cached. */
+static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
+{
+    uint64_t psize = b->env->psize;
+    size_t i = 0;
+    if (!b->region || !b->ex.advise || !n)
+        return;
+    while (i < n) {
+        uint64_t reg = pages[i] * psize / b->region;
+        size_t j = i;
+        while (j < n && pages[j] * psize / b->region == reg)
+            j++;
+        if (j - i >= b->region_min) {
+            size_t byte = (size_t)(reg / 8);
+            if (byte >= b->advised_bytes) { /* regions lie inside the file */
+                size_t ncap = byte + 1 + (byte >> 1);
+                uint8_t *nb = realloc(b->advised, ncap);
+                if (!nb)
+                    return; /* advice is optional */
+                memset(nb + b->advised_bytes, 0, ncap - b->advised_bytes);
+                b->advised = nb;
+                b->advised_bytes = ncap;
+            }
+            if (!(b->advised[byte] & (1u << (reg % 8)))) {
+                b->advised[byte] |= (uint8_t)(1u << (reg % 8));
+                b->ex.advise(b->ex.ctx, reg * b->region, b->region,
+                             LIO_ADVISE_WILLNEED);
+            }
+        }
+        i = j;
+    }
 }
 
 /* A collective executor needs every rank in every step: a step that failed
@@ -146,6 +214,7 @@ void lio_bulk_close(lio_bulk *b)
     free(b->arena);
     free(b->ov_order);
     free(b->ov_hdr);
+    free(b->advised);
     lio_cursor_close(b->dupcur);
     free(b);
 }
@@ -162,6 +231,7 @@ static int load_leaves(lio_bulk *b)
     lio_env *env = b->env;
     const lio_index *idx = b->idx;
     size_t *by_page;
+    uint64_t *pages;
     int rc;
 
     if (b->nleaves > b->leafbuf_pages) {
@@ -174,12 +244,17 @@ static int load_leaves(lio_bulk *b)
     }
     /* Read order: by page number; buffer slot: by key order. */
     by_page = malloc(b->nleaves * sizeof *by_page);
-    if (!by_page)
+    pages = malloc(b->nleaves * sizeof *pages);
+    if (!by_page || !pages) {
+        free(by_page);
+        free(pages);
         return oom(b);
+    }
     {
         uint64_t *keyed = malloc(b->nleaves * 2 * sizeof *keyed);
         if (!keyed) {
             free(by_page);
+            free(pages);
             return oom(b);
         }
         int sorted = 1;
@@ -191,8 +266,10 @@ static int load_leaves(lio_bulk *b)
         }
         if (!sorted) /* appended databases keep key order on disk */
             qsort(keyed, b->nleaves, 2 * sizeof *keyed, cmp_u64);
-        for (size_t i = 0; i < b->nleaves; i++)
+        for (size_t i = 0; i < b->nleaves; i++) {
+            pages[i] = keyed[2 * i];
             by_page[i] = (size_t)keyed[2 * i + 1];
+        }
         free(keyed);
     }
     lio_plan_reset(&b->plan);
@@ -209,6 +286,7 @@ static int load_leaves(lio_bulk *b)
             goto out;
         }
     }
+    advise_regions(b, pages, b->nleaves);
     if ((rc = run_plan(b)))
         goto out;
     for (size_t slot = 0; slot < b->nleaves; slot++) {
@@ -235,6 +313,7 @@ static int load_leaves(lio_bulk *b)
     }
 out:
     free(by_page);
+    free(pages);
     return rc;
 }
 
@@ -483,32 +562,85 @@ out:
     return end_step(b, rc);
 }
 
+/* Batch boundaries must cover the prepared records exactly. */
+static int check_ends(lio_bulk *b, const size_t *ends, size_t nb)
+{
+    size_t prev = 0;
+    for (size_t j = 0; j < nb; j++) {
+        if (ends[j] < prev || ends[j] > b->nrecs)
+            return lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                            "batch %zu ends at record %zu: not within the "
+                            "%zu prepared records", j, ends[j], b->nrecs);
+        prev = ends[j];
+    }
+    if (prev != b->nrecs)
+        return lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                        "batches cover %zu of %zu prepared records", prev,
+                        b->nrecs);
+    return LIO_SUCCESS;
+}
+
+int lio_bulk_batch_sizes(lio_bulk *b, const size_t *ends, size_t nb,
+                         uint64_t *key_bytes, uint64_t *value_bytes)
+{
+    int rc;
+    b->err.code = 0;
+    if ((rc = check_ends(b, ends, nb)))
+        return rc;
+    for (size_t j = 0, i = 0; j < nb; j++) {
+        uint64_t kb = 0, vb = 0;
+        for (; i < ends[j]; i++) {
+            kb += b->recs[i].ksize;
+            vb += b->recs[i].vsize;
+        }
+        key_bytes[j] = kb;
+        value_bytes[j] = vb;
+    }
+    return LIO_SUCCESS;
+}
+
 int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
                   int64_t *voff)
 {
+    lio_batch_out out = {kdata, koff, vdata, voff};
+    size_t end = b->nrecs;
+    return lio_bulk_fill_batches(b, &end, 1, &out);
+}
+
+int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
+                          const lio_batch_out *out)
+{
     lio_env *env = b->env;
     size_t n = b->nrecs, nov = 0;
-    int64_t kpos = 0, vpos = 0;
     int rc;
 
     b->err.code = 0;
     b->ran = 0;
-    if (kdata)
-        koff[0] = 0;
-    voff[0] = 0;
-    for (size_t i = 0; i < n; i++) {
-        rec *r = &b->recs[i];
-        if (kdata) {
-            memcpy(kdata + kpos, r->key, r->ksize);
-            kpos += r->ksize;
-            koff[i + 1] = kpos;
+    if ((rc = check_ends(b, ends, nb)))
+        return end_step(b, rc);
+    /* Inline keys and values now; overflow values get their destination. */
+    for (size_t j = 0, i = 0; j < nb; j++) {
+        const lio_batch_out *o = &out[j];
+        int64_t kpos = 0, vpos = 0;
+        size_t first = i;
+        if (o->kdata)
+            o->koff[0] = 0;
+        o->voff[0] = 0;
+        for (; i < ends[j]; i++) {
+            rec *r = &b->recs[i];
+            if (o->kdata) {
+                memcpy(o->kdata + kpos, r->key, r->ksize);
+                kpos += r->ksize;
+                o->koff[i - first + 1] = kpos;
+            }
+            r->vdst = o->vdata + vpos;
+            if (r->ovpg)
+                nov++;
+            else
+                memcpy(r->vdst, r->val, (size_t)r->vsize);
+            vpos += (int64_t)r->vsize;
+            o->voff[i - first + 1] = vpos;
         }
-        if (r->ovpg)
-            nov++;
-        else
-            memcpy(vdata + vpos, r->val, (size_t)r->vsize);
-        vpos += (int64_t)r->vsize;
-        voff[i + 1] = vpos;
     }
     if (!nov)
         return end_step(b, LIO_SUCCESS);
@@ -540,7 +672,7 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
             continue; /* the same value twice: copied after the reads */
         if ((rc = lio_plan_add(&b->plan, off, b->ov_hdr + j * PAGEHDRSZ,
                                PAGEHDRSZ)) ||
-            (rc = lio_plan_add(&b->plan, off + PAGEHDRSZ, vdata + voff[i],
+            (rc = lio_plan_add(&b->plan, off + PAGEHDRSZ, r->vdst,
                                (size_t)r->vsize)))
             return end_step(b, lio_fail(&b->err, rc, r->ovpg,
                                         "page %llu: overflow runs overlap",
@@ -562,7 +694,7 @@ int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
                                 (unsigned long long)r->ovpg,
                                 (unsigned long long)b->recs[prev].vsize,
                                 (unsigned long long)r->vsize);
-            memcpy(vdata + voff[i], vdata + voff[prev], (size_t)r->vsize);
+            memcpy(r->vdst, b->recs[prev].vdst, (size_t)r->vsize);
             memcpy(b->ov_hdr + j * PAGEHDRSZ, h - PAGEHDRSZ, PAGEHDRSZ);
             continue;
         }

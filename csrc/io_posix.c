@@ -233,7 +233,12 @@ void lio_posix_close(lio_posix *p)
 
 struct lio_pool {
     lio_posix *p;
-    unsigned nthreads;
+    unsigned nthreads;        /* started so far */
+    unsigned want_threads;    /* started on the first plan that needs them */
+    uint64_t start_generation; /* the generation when they were started */
+    const size_t *todo;       /* the reads of the plan left to the threads */
+    size_t ntodo;
+    int no_nowait;            /* preadv2(RWF_NOWAIT) is not supported here */
     pthread_t *threads;
     pthread_mutex_t run_mu;   /* one plan at a time */
     pthread_mutex_t mu;
@@ -369,11 +374,11 @@ static void drain(lio_pool *pool, const lio_plan *plan)
         lio_error err;
         int rc;
         pthread_mutex_lock(&pool->mu);
-        if (pool->rc || pool->next >= plan->nreads) {
+        if (pool->rc || pool->next >= pool->ntodo) {
             pthread_mutex_unlock(&pool->mu);
             return;
         }
-        i = pool->next++;
+        i = pool->todo[pool->next++];
         pthread_mutex_unlock(&pool->mu);
         rc = do_read(pool, plan, &plan->reads[i], &err);
         if (rc) {
@@ -390,7 +395,9 @@ static void drain(lio_pool *pool, const lio_plan *plan)
 static void *worker(void *arg)
 {
     lio_pool *pool = arg;
-    uint64_t seen = 0;
+    /* Started between plans (start_threads): the next plan is new to it,
+     * even one published before this thread first takes the lock. */
+    uint64_t seen = pool->start_generation;
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         while (!pool->stop && pool->generation == seen)
@@ -408,23 +415,110 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Threads start lazily: opening a file for one batch or one cursor costs
+ * no thread creation.  A thread that cannot start leaves fewer readers. */
+static void start_threads(lio_pool *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    pool->start_generation = pool->generation;
+    pthread_mutex_unlock(&pool->mu);
+    while (pool->nthreads < pool->want_threads) {
+        if (pthread_create(&pool->threads[pool->nthreads], NULL, worker, pool))
+            break;
+        pool->nthreads++;
+    }
+    pool->want_threads = pool->nthreads;
+}
+
+static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
+                     size_t ntodo, lio_error *err);
+
+/* Read r if the page cache holds all of it, without blocking: 1 when done.
+ * Cached data needs no reader thread (a hand-off costs more than the copy);
+ * what is not cached goes to the threads, many requests in flight. */
+static int read_cached(lio_pool *pool, const lio_plan *plan, const lio_read *r)
+{
+    struct iovec iov[MAX_IOV];
+    ssize_t n;
+    if (r->nseg > MAX_IOV)
+        return 0;
+    for (size_t i = 0; i < r->nseg; i++) {
+        iov[i].iov_base = plan->segs[r->first_seg + i].dst;
+        iov[i].iov_len = plan->segs[r->first_seg + i].len;
+    }
+    n = preadv2(pool->p->fd, iov, (int)r->nseg, (off_t)r->off, RWF_NOWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
+    if (n != (ssize_t)r->len)
+        return 0; /* not (all) cached: read it the blocking way */
+    if (pool->pid == getpid()) {
+        pthread_mutex_lock(&pool->mu);
+        pool->requests++;
+        pool->bytes += r->len;
+        pthread_mutex_unlock(&pool->mu);
+    }
+    return 1;
+}
+
 static int pool_run(void *ctx, const lio_plan *plan, lio_error *err)
 {
     lio_pool *pool = ctx;
+    size_t *todo, ntodo = 0;
     int rc;
     if (plan->nreads == 0)
         return LIO_SUCCESS;
+    /* Reads through the fault hook, O_DIRECT and forked children skip the
+     * page-cache probe (their paths below are the ones tested). */
+    if (!pool->no_nowait && pool->p->align == 1 &&
+        pool->p->fault.mode == FI_NONE && pool->pid == getpid() &&
+        plan->nreads > 1) {
+        todo = malloc(plan->nreads * sizeof *todo);
+        if (todo) {
+            for (size_t i = 0; i < plan->nreads; i++)
+                if (pool->no_nowait || !read_cached(pool, plan, &plan->reads[i]))
+                    todo[ntodo++] = i;
+            rc = ntodo ? run_reads(pool, plan, todo, ntodo, err) : LIO_SUCCESS;
+            free(todo);
+            return rc;
+        }
+    }
+    return run_reads(pool, plan, NULL, plan->nreads, err);
+}
+
+/* Perform reads todo[0..ntodo) of the plan (all of them if todo is NULL). */
+static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
+                     size_t ntodo, lio_error *err)
+{
+    size_t *all = NULL;
+    int rc;
     /* A forked child has no reader threads (and the pool's locks may have
      * been held by one at the fork): it reads by itself, touching neither. */
-    if (plan->nreads == 1 || pool->nthreads == 0 || pool->pid != getpid()) {
-        for (size_t i = 0; i < plan->nreads; i++)
-            if ((rc = do_read(pool, plan, &plan->reads[i], err)))
+    if (ntodo > 1 && pool->nthreads < pool->want_threads &&
+        pool->pid == getpid()) {
+        pthread_mutex_lock(&pool->run_mu);
+        start_threads(pool);
+        pthread_mutex_unlock(&pool->run_mu);
+    }
+    if (ntodo == 1 || pool->nthreads == 0 || pool->pid != getpid()) {
+        for (size_t i = 0; i < ntodo; i++)
+            if ((rc = do_read(pool, plan, &plan->reads[todo ? todo[i] : i],
+                              err)))
                 return rc;
         return LIO_SUCCESS;
+    }
+    if (!todo) {
+        all = malloc(ntodo * sizeof *all);
+        if (!all)
+            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        for (size_t i = 0; i < ntodo; i++)
+            all[i] = i;
+        todo = all;
     }
     pthread_mutex_lock(&pool->run_mu);
     pthread_mutex_lock(&pool->mu);
     pool->plan = plan;
+    pool->todo = todo;
+    pool->ntodo = ntodo;
     pool->next = 0;
     pool->rc = 0;
     pool->busy = pool->nthreads;
@@ -440,6 +534,7 @@ static int pool_run(void *ctx, const lio_plan *plan, lio_error *err)
         *err = pool->err;
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->run_mu);
+    free(all);
     return rc;
 }
 
@@ -461,22 +556,27 @@ int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
         lio_pool_close(pool);
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     }
-    for (unsigned i = 0; i < nthreads; i++) {
-        if (pthread_create(&pool->threads[i], NULL, worker, pool)) {
-            lio_pool_close(pool);
-            return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE,
-                            "cannot start reader threads");
-        }
-        pool->nthreads++;
-    }
+    pool->want_threads = nthreads;
     *out = pool;
     return LIO_SUCCESS;
+}
+
+/* The page cache's advice calls (no effect, and no harm, under O_DIRECT). */
+static void pool_advise(void *ctx, uint64_t off, uint64_t len, int advice)
+{
+    lio_pool *pool = ctx;
+    if (pool->p->align > 1)
+        return;
+    (void)posix_fadvise(pool->p->fd, (off_t)off, (off_t)len,
+                        advice == LIO_ADVISE_DONTNEED ? POSIX_FADV_DONTNEED
+                                                      : POSIX_FADV_WILLNEED);
 }
 
 void lio_pool_get_executor(lio_pool *pool, lio_executor *ex)
 {
     ex->ctx = pool;
     ex->run = pool_run;
+    ex->advise = pool_advise;
 }
 
 void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes)

@@ -193,12 +193,18 @@ void lio_plan_free(lio_plan *plan);
  * one's end joins that read. */
 int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len);
 
+/* Advice an executor may pass on to the storage's cache. */
+#define LIO_ADVISE_WILLNEED 1    /* fetch this range soon, in large reads */
+#define LIO_ADVISE_DONTNEED 2    /* this range was consumed: drop it */
+
 /* Who performs a plan: the POSIX pool below, or MPI-IO from Python. */
 typedef struct lio_executor {
     void *ctx;
     /* Perform every read of the plan.  0, or a negative LIO_* code with err
      * filled in (a short read past the end of the file is LIO_PAGE_NOTFOUND). */
     int (*run)(void *ctx, const lio_plan *plan, lio_error *err);
+    /* Optional (NULL: no cache to advise): a hint about [off, off+len). */
+    void (*advise)(void *ctx, uint64_t off, uint64_t len, int advice);
 } lio_executor;
 
 /* ---- record index ------------------------------------------------------ */
@@ -253,6 +259,36 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
  * keys (then koff is left alone). */
 int lio_bulk_fill(lio_bulk *b, uint8_t *kdata, int64_t *koff, uint8_t *vdata,
                   int64_t *voff);
+
+/* Windows: the records prepared in step 1 may be several batches, batch j
+ * holding records [ends[j-1], ends[j]) (ends[-1] = 0, ends[nb-1] = n).
+ * Each distinct leaf of the window is read once; the window's overflow
+ * values are read in one plan, straight into their batches. */
+typedef struct lio_batch_out {
+    uint8_t *kdata;          /* NULL: no keys for this batch */
+    int64_t *koff;           /* records + 1 entries, koff[0] = 0 */
+    uint8_t *vdata;
+    int64_t *voff;           /* records + 1 entries, voff[0] = 0 */
+} lio_batch_out;
+/* Key and value bytes of each batch of the prepared window. */
+int lio_bulk_batch_sizes(lio_bulk *b, const size_t *ends, size_t nb,
+                         uint64_t *key_bytes, uint64_t *value_bytes);
+int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
+                          const lio_batch_out *out);
+/* Bytes of leaf pages the last prepare read (each distinct leaf once). */
+uint64_t lio_bulk_leaf_bytes(const lio_bulk *b);
+
+/* Cache policy for executors that have one (advise != NULL).
+ * region > 0: a prepare whose leaves fill at least min_pages pages of an
+ * aligned region of `region` bytes asks the storage for the whole region
+ * (WILLNEED: the kernel reads it in large requests, and later windows find
+ * it cached), each region at most once until lio_bulk_new_pass.
+ * drop: every range read is dropped from the cache once consumed
+ * (DONTNEED), and no region is read ahead. */
+void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
+                        int drop);
+/* A new pass over the data (an epoch): regions may be advised again. */
+void lio_bulk_new_pass(lio_bulk *b);
 const lio_error *lio_bulk_error(const lio_bulk *b);
 void lio_bulk_close(lio_bulk *b);
 /* For collective executors (MPI-IO): each prepare and each fill runs the

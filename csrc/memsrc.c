@@ -52,4 +52,5 @@ void lio_mem_executor(lio_executor *ex, lio_membuf *buf)
 {
     ex->ctx = buf;
     ex->run = mem_run;
+    ex->advise = NULL;
 }

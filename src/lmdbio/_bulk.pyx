@@ -148,6 +148,10 @@ cdef class BulkFile:
     cdef lio_index *idx
     cdef lio_bulk *bulk            # batch reads through ex
     cdef lio_bulk *bulk_ind        # independent reads (posix), if ex differs
+    cdef lio_bulk *bulk_lane2      # a second independent reader (pipelining)
+    cdef size_t max_gap, max_read, region
+    cdef unsigned region_min
+    cdef bint drop, policy_set, cache_set
     cdef lio_executor posix_ex     # independent reads (index build, cursors)
     cdef readonly str path
     cdef readonly bint has_db
@@ -182,6 +186,7 @@ cdef class BulkFile:
             self.executor = executor
             self.ex.ctx = <void *>self
             self.ex.run = _py_run
+            self.ex.advise = NULL
 
     cdef int _run_in_python(self, const lio_plan *plan, lio_error *err):
         cdef size_t i, j, pos = 0, total = 0
@@ -379,6 +384,11 @@ cdef class BulkFile:
         if rc:
             raise _error(self.path, &err)
         lio_bulk_set_collective(self.bulk, self.executor is not None)
+        if self.policy_set:
+            lio_bulk_set_policy(self.bulk, self.max_gap, self.max_read)
+        if self.cache_set:
+            lio_bulk_set_cache(self.bulk, self.region, self.region_min,
+                               self.drop)
 
     cdef _drop_index(self):
         if self.bulk != NULL:
@@ -387,13 +397,22 @@ cdef class BulkFile:
         if self.bulk_ind != NULL:
             lio_bulk_close(self.bulk_ind)
             self.bulk_ind = NULL
+        if self.bulk_lane2 != NULL:
+            lio_bulk_close(self.bulk_lane2)
+            self.bulk_lane2 = NULL
         if self.idx != NULL:
             lio_index_free(self.idx)
             self.idx = NULL
 
     def set_policy(self, size_t max_gap, size_t max_read):
-        if self.bulk != NULL:
-            lio_bulk_set_policy(self.bulk, max_gap, max_read)
+        """Coalescing of every batch reader of this file."""
+        cdef lio_bulk *readers[3]
+        cdef int i
+        self.max_gap, self.max_read, self.policy_set = max_gap, max_read, True
+        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
+        for i in range(3):
+            if readers[i] != NULL:
+                lio_bulk_set_policy(readers[i], max_gap, max_read)
 
     cdef _step_error(self, const lio_error *err):
         e = self.executor_error
@@ -402,17 +421,53 @@ cdef class BulkFile:
             return e
         return _error(self.path, err)
 
-    cdef lio_bulk *_independent(self) except NULL:
-        cdef lio_error err
-        cdef int rc
+    cdef lio_bulk *_independent(self, int lane=0) except NULL:
+        """The batch reader of lane 0 or 1: independent (POSIX) reads; two
+        lanes read two windows at once (one reads while the other copies)."""
+        if lane:
+            if self.bulk_lane2 == NULL:
+                self.bulk_lane2 = self._new_bulk()
+            return self.bulk_lane2
         if self.executor is None:
             return self.bulk
         if self.bulk_ind == NULL:
-            rc = lio_bulk_open(&self.bulk_ind, self.env, &self.snap, &self.db,
-                               self.idx, &self.posix_ex, &err)
-            if rc:
-                raise _error(self.path, &err)
+            self.bulk_ind = self._new_bulk()
         return self.bulk_ind
+
+    def set_cache(self, size_t region, unsigned min_pages, bint drop):
+        """Page-cache policy of batch reads (lio_bulk_set_cache)."""
+        cdef lio_bulk *readers[3]
+        cdef int i
+        self.region, self.region_min, self.drop = region, min_pages, drop
+        self.cache_set = True
+        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
+        for i in range(3):
+            if readers[i] != NULL:
+                lio_bulk_set_cache(readers[i], region, min_pages, drop)
+
+    def new_pass(self):
+        """A new epoch: regions may be read ahead again."""
+        cdef lio_bulk *readers[3]
+        cdef int i
+        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
+        for i in range(3):
+            if readers[i] != NULL:
+                lio_bulk_new_pass(readers[i])
+
+    cdef lio_bulk *_new_bulk(self) except NULL:
+        """Another batch reader over the POSIX pool, with this file's
+        policies."""
+        cdef lio_error err
+        cdef lio_bulk *b = NULL
+        cdef int rc = lio_bulk_open(&b, self.env, &self.snap, &self.db,
+                                    self.idx, &self.posix_ex, &err)
+        if rc:
+            raise _error(self.path, &err)
+        if self.policy_set:
+            lio_bulk_set_policy(b, self.max_gap, self.max_read)
+        if self.cache_set:
+            lio_bulk_set_cache(b, self.region, self.region_min, self.drop)
+        return b
 
     def read(self, ordinals, bint keys=True, agree=None,
              bint independent=False):
@@ -424,50 +479,107 @@ cdef class BulkFile:
         rank failed, before the next collective step.  independent: read
         with this process's own preads even when batch reads are collective.
         """
+        ords = np.ascontiguousarray(ordinals, dtype=np.int64)
+        ends = np.array([ords.shape[0]], dtype=np.intp)
+        return self.read_window(ords, ends, keys, agree, independent)[0][0]
+
+    def read_window(self, ordinals, ends, bint keys=True, agree=None,
+                    bint independent=False, int lane=0):
+        """Several batches read together: batch j holds the records
+        ordinals[ends[j-1]:ends[j]].  Each distinct leaf is read once and
+        the overflow values of all batches in one plan.  Returns (batches,
+        leaf_bytes): per batch (kdata, koff, vdata, voff) as in read(), the
+        arrays views of a few blocks shared by the window."""
         cdef int64_t[::1] ords = np.ascontiguousarray(ordinals, dtype=np.int64)
-        cdef size_t n = ords.shape[0]
-        cdef uint64_t kb = 0, vb = 0
+        cdef Py_ssize_t[::1] ev = np.ascontiguousarray(ends, dtype=np.intp)
+        cdef size_t n = ords.shape[0], nb = ev.shape[0], j
+        cdef uint64_t kb = 0, vb = 0, leaf_bytes = 0
         cdef int rc
         cdef const int64_t *optr = &ords[0] if n else NULL
-        cdef uint8_t[::1] kd
-        cdef uint8_t[::1] vd
-        cdef int64_t[::1] ko
-        cdef int64_t[::1] vo
-        cdef uint8_t *kptr = NULL
-        cdef int64_t *koptr = NULL
-        cdef uint8_t dummy = 0
         cdef lio_bulk *b
+        cdef lio_batch_out *outs = NULL
+        cdef uint8_t dummy = 0
         if self.bulk == NULL:
             raise RuntimeError('no record index')
-        b = self._independent() if independent else self.bulk
+        if nb == 0 or <size_t>ev[nb - 1] != n:
+            raise ValueError('batch ends must finish at the window length')
+        b = self._independent(lane) if independent else self.bulk
         with nogil:
             rc = lio_bulk_prepare(b, optr, n, &kb, &vb)
+            leaf_bytes = lio_bulk_leaf_bytes(b)
         e = self._step_error(lio_bulk_error(b)) if rc else None
         if agree is not None:
             agree(e)
         elif e is not None:
             raise e
-        vdata = aligned_bytes(vb, 16)
-        voff = np.empty(n + 1, dtype=np.int64)
-        vd = vdata
-        vo = voff
-        kdata = koff = None
+        ksz = np.empty(nb, dtype=np.uint64)
+        vsz = np.empty(nb, dtype=np.uint64)
+        cdef uint64_t[::1] ks = ksz
+        cdef uint64_t[::1] vs = vsz
+        rc = lio_bulk_batch_sizes(b, <const size_t *>&ev[0], nb, &ks[0], &vs[0])
+        if rc:
+            raise self._step_error(lio_bulk_error(b))
+        # One block each for values, keys and offsets.  Each batch's values
+        # start 16 bytes past a 64-byte boundary: overflow values begin 16
+        # bytes into their page, and copies from the page cache run at full
+        # speed when the destination has the file offset's alignment.
+        vstart = np.empty(nb + 1, dtype=np.int64)
+        cdef int64_t[::1] vst = vstart
+        cdef int64_t pos = 0
+        for j in range(nb):
+            pos = ((pos + 63 - 16) & ~(<int64_t>63)) + 16 if pos else 16
+            vst[j] = pos
+            pos += <int64_t>vs[j]
+        vst[nb] = pos
+        vblock = aligned_bytes(<size_t>pos, 0)
+        voffs = np.empty(n + nb, dtype=np.int64)
+        cdef uint8_t[::1] vbv = vblock
+        cdef int64_t[::1] vo = voffs
+        cdef uint8_t[::1] kbv
+        cdef int64_t[::1] ko
+        kstart = None
         if keys:
-            kdata = np.empty(kb, dtype=np.uint8)
-            koff = np.empty(n + 1, dtype=np.int64)
-            kd = kdata
-            ko = koff
-            kptr = &kd[0] if kb else &dummy
-            koptr = &ko[0]
-        with nogil:
-            rc = lio_bulk_fill(b, kptr, koptr,
-                               &vd[0] if vb else &dummy, &vo[0])
+            kstart = np.zeros(nb + 1, dtype=np.int64)
+            np.cumsum(ksz, out=kstart[1:])
+            kblock = np.empty(max(int(kstart[nb]), 1), dtype=np.uint8)
+            koffs = np.empty(n + nb, dtype=np.int64)
+            kbv = kblock
+            ko = koffs
+        outs = <lio_batch_out *>malloc(nb * sizeof(lio_batch_out))
+        if outs == NULL:
+            raise MemoryError()
+        try:
+            for j in range(nb):
+                first = ev[j - 1] if j else 0
+                outs[j].vdata = &vbv[vst[j]] if vs[j] else &dummy
+                outs[j].voff = &vo[first + j]
+                if keys:
+                    outs[j].kdata = &kbv[kstart[j]] if ks[j] else &dummy
+                    outs[j].koff = &ko[first + j]
+                else:
+                    outs[j].kdata = NULL
+                    outs[j].koff = NULL
+            with nogil:
+                rc = lio_bulk_fill_batches(b, <const size_t *>&ev[0], nb, outs)
+        finally:
+            free(outs)
         e = self._step_error(lio_bulk_error(b)) if rc else None
         if agree is not None:
             agree(e)
         elif e is not None:
             raise e
-        return kdata, koff, vdata, voff
+        batches = []
+        for j in range(nb):
+            first = ev[j - 1] if j else 0
+            last = ev[j]
+            vo_j = voffs[first + j:last + j + 1]
+            vd_j = vblock[vst[j]:vst[j] + <int64_t>vs[j]]
+            if keys:
+                batches.append((kblock[kstart[j]:kstart[j + 1]],
+                                koffs[first + j:last + j + 1], vd_j, vo_j))
+            else:
+                batches.append((None, None, vd_j, vo_j))
+        return batches, leaf_bytes
 
     def newest_txnid(self):
         """The newest committed txnid in the file now (both meta pages

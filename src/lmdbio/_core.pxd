@@ -154,9 +154,12 @@ cdef extern from "lmdbio.h" nogil:
         size_t nsegs
     ctypedef int (*lio_run_fn)(void *ctx, const lio_plan *plan,
                                lio_error *err) noexcept nogil
+    ctypedef void (*lio_advise_fn)(void *ctx, uint64_t off, uint64_t len,
+                                   int advice) noexcept nogil
     ctypedef struct lio_executor:
         void *ctx
         lio_run_fn run
+        lio_advise_fn advise
     ctypedef struct lio_index:
         uint64_t txnid
         uint64_t root
@@ -202,3 +205,16 @@ cdef extern from "lmdbio.h" nogil:
     void lio_bulk_close(lio_bulk *b)
     void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
     void lio_bulk_set_collective(lio_bulk *b, int on)
+    ctypedef struct lio_batch_out:
+        uint8_t *kdata
+        int64_t *koff
+        uint8_t *vdata
+        int64_t *voff
+    int lio_bulk_batch_sizes(lio_bulk *b, const size_t *ends, size_t nb,
+                             uint64_t *key_bytes, uint64_t *value_bytes)
+    int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
+                              const lio_batch_out *out)
+    uint64_t lio_bulk_leaf_bytes(const lio_bulk *b)
+    void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
+                            int drop)
+    void lio_bulk_new_pass(lio_bulk *b)

@@ -11,7 +11,6 @@ values read straight into the output).
 import hashlib
 import math
 import os
-import queue
 import threading
 
 import numpy as np
@@ -168,6 +167,47 @@ def _data_path(path, subdir):
     return path
 
 
+def _stop_worker(worker):
+    """Stop prefetch threads: each finishes the window it is reading (a C
+    call cannot be interrupted), sees the stop and exits; what they read
+    and nobody took is dropped."""
+    threads, stop, cond = worker
+    stop.set()
+    with cond:
+        cond.notify_all()
+    for t in threads:
+        t.join()
+
+
+def _io_policy(storage):
+    """(max_gap, max_read, region, region_min) for a storage model.
+
+    A hole between two needed ranges is read when reading it costs less
+    than a request of its own (gap = per-request cost x bandwidth); dense
+    regions are handed to the page cache whole (WILLNEED).  "local": a
+    local disk or SSD (about 8 us a request with many in flight, at 2 GB/s); "network": a
+    parallel or network filesystem (about 0.5 ms a request at 1 GB/s); or
+    (seconds per request, bytes per second)."""
+    if storage == 'local':
+        latency, bandwidth = 8e-6, 2e9
+    elif storage == 'network':
+        latency, bandwidth = 5e-4, 1e9
+    else:
+        try:
+            latency, bandwidth = (float(x) for x in storage)
+        except (TypeError, ValueError):
+            raise ValueError('storage must be "local", "network" or '
+                             '(seconds per request, bytes per second), '
+                             'not %r' % (storage,)) from None
+        if latency < 0 or bandwidth <= 0:
+            raise ValueError('storage: need a request cost >= 0 and a '
+                             'bandwidth > 0, not %r' % (storage,))
+    gap = int(min(max(latency * bandwidth, 0), 16 << 20))
+    max_read = int(min(max(16 * gap, 1 << 20), 64 << 20))
+    region = 1 << 20 if gap < (1 << 20) else 1 << (gap.bit_length())
+    return gap, max_read, region, 16
+
+
 class _SlotSource:
     """Transactions of a lock=True Environment: the txnid a slot pins."""
 
@@ -195,13 +235,20 @@ class Reader:
                  seed=0, drop_last=False, engine="auto", node_local=False,
                  node_size=None, io_groups=None, hints=None,
                  prefetch_bytes=64 << 20, direct=False, lock=False,
-                 index_cache=True, keys=True, threads=4):
+                 index_cache=True, keys=True, threads=16, cache="keep",
+                 storage="local"):
         if engine not in ('auto', 'posix', 'mpiio'):
             raise ValueError('engine must be "auto", "posix" or "mpiio"')
         if batch_size < 1:
             raise ValueError('batch_size must be at least 1')
+        if cache not in ('keep', 'drop'):
+            raise ValueError('cache must be "keep" or "drop", not %r'
+                             % (cache,))
+        self._policy = _io_policy(storage)
+        self.cache = cache
         self.path = os.fspath(path)
-        self._io_lock = threading.Lock()
+        self._io_lock = threading.Lock()  # lane 0: iteration and read()
+        self._lane_locks = (self._io_lock, threading.Lock())
         self._workers = []
         self._env = self._txn = None
         self._file = None
@@ -255,6 +302,10 @@ class Reader:
             raise
         self.total_records = self._file.num_records
         self._order = None
+        self._perm = None
+        max_gap, max_read, region, region_min = self._policy
+        self._file.set_policy(max_gap, max_read)
+        self._file.set_cache(region, region_min, cache == 'drop')
 
     def _collective(self, fn, *args):
         """fn on every rank, all raising if any failed (no MPI: just fn)."""
@@ -403,9 +454,35 @@ class Reader:
                 self.seed, self.epoch, self.drop_last, self.batch_size))
         return self._order[1]
 
+    def _span(self):
+        """(first position, records) of this rank's share of the order:
+        api.md's rule without materialising the order."""
+        n, p, r = self.total_records, self.world_size, self.rank
+        if n == 0:
+            return 0, 0
+        if self.drop_last:
+            per = n // p
+            return r * per, (per // self.batch_size) * self.batch_size
+        per = -(-n // p)
+        return r * per, per
+
+    def _window_ordinals(self, start, stop):
+        """Ordinals at positions [start, stop) of this rank's share in the
+        current epoch (the permutation is drawn once per epoch)."""
+        first, _ = self._span()
+        pos = np.arange(first + start, first + stop, dtype=np.int64)
+        if not self.drop_last:
+            pos %= self.total_records
+        if not self.shuffle:
+            return pos
+        if self._perm is None or self._perm[0] != self.epoch:
+            self._perm = (self.epoch, np.random.default_rng(
+                [self.seed, self.epoch]).permutation(self.total_records))
+        return self._perm[1][pos]
+
     @property
     def num_records(self):
-        return len(self._ordinals())
+        return self._span()[1]
 
     def __len__(self):
         return -(-self.num_records // self.batch_size)
@@ -526,62 +603,154 @@ class Reader:
         return self._read(indices)
 
     def __iter__(self):
-        ordinals = self._ordinals()
-        bs = self.batch_size
-        starts = range(0, len(ordinals), bs)
-        if not len(ordinals):
+        if self._file is None:
+            raise Error('%s: the Reader is closed' % self.path)
+        total = self.num_records
+        if not total:
             return
         if self._coll is not None:
             # Under MPI every batch is a collective step, taken in order on
             # every rank; leaving an epoch early is collective too.
-            for i, s in enumerate(starts):
+            ordinals = self._ordinals()
+            bs = self.batch_size
+            for i, s in enumerate(range(0, total, bs)):
                 self._step_index = i
                 yield self._read(ordinals[s:s + bs], independent=False)
             return
-        stop = threading.Event()
-        q = queue.Queue()
-        budget = threading.Semaphore(1)
-        state = {'depth': 1}
+        yield from self._iter_windows(total)
 
-        def produce():
-            try:
-                for s in starts:
-                    budget.acquire()
-                    if stop.is_set():
-                        q.put(_STOPPED)
-                        return
-                    b = self._read(ordinals[s:s + bs])
-                    # Keep about prefetch_bytes of batches in flight.
-                    size = len(b.values.data) + (
-                        len(b.keys.data) if b.keys is not None else 0)
-                    want = max(1, min(16, self.prefetch_bytes // max(size, 1)))
-                    while state['depth'] < want:
-                        state['depth'] += 1
-                        budget.release()
-                    q.put(b)
-            except BaseException as e:  # raised again in the consumer
-                q.put(e)
-
-        t = threading.Thread(target=produce, name='lmdbio-prefetch',
-                             daemon=True)
-        worker = (t, stop, budget)
-        self._workers.append(worker)
-        t.start()
+    def _window_batches(self, ordinals, lane=0):
+        """The batches of one window, read together (leaves once each,
+        overflow values in one plan) by batch reader `lane`: (batches,
+        leaf bytes read), or (None, 0) when the window failed and must be
+        read batch by batch (so that every batch before a damaged one is
+        delivered intact)."""
+        bs = self.batch_size
+        ends = np.arange(bs, len(ordinals) + bs, bs, dtype=np.intp)
+        ends[-1] = len(ordinals)
         try:
-            for _ in starts:
+            with self._lane_locks[lane]:
                 if self._file is None:
                     raise Error('%s: the Reader was closed' % self.path)
-                item = q.get()
-                if item is _STOPPED or self._file is None:
-                    raise Error('%s: the Reader was closed' % self.path)
-                if isinstance(item, BaseException):
-                    raise item
-                budget.release()
-                yield item
+                try:
+                    parts, leaf_bytes = self._file.read_window(
+                        ordinals, ends, self.keys_wanted, independent=True,
+                        lane=lane)
+                except (CorruptedError, PageNotFoundError) as e:
+                    raise self._snapshot_changed(e) from e
+                if self._env is None and self._coll is None:
+                    self._check_snapshot()
+        except Error:
+            if len(ends) == 1:
+                raise
+            return None, 0
+        out, start = [], 0
+        for (kdata, koff, vdata, voff), end in zip(parts, ends):
+            keys = Ragged(kdata, koff) if kdata is not None else None
+            out.append(Batch(ordinals[start:end], keys, Ragged(vdata, voff)))
+            start = end
+        return out, leaf_bytes
+
+    def _iter_windows(self, total):
+        """Batches of this rank's share, read a window at a time by two
+        prefetch threads (lanes): while one reads its window the other
+        copies records out of its own, so both cores work.  A window is as
+        many batches as fit in a quarter of prefetch_bytes (two being read,
+        one consumed, one waiting); the first is one batch, so that the
+        first batch comes quickly, and each is at most twice the last."""
+        bs = self.batch_size
+        lanes = len(self._lane_locks)
+        budget = max(1, self.prefetch_bytes // (lanes + 2))
+        self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
+        cond = threading.Condition()
+        stop = threading.Event()
+        st = {'pos': 0, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
+              'running': lanes}
+
+        def claim():
+            with cond:
+                while not stop.is_set() and st['pos'] < total and \
+                        st['seq'] - st['taken'] > lanes:
+                    cond.wait(0.1)
+                if stop.is_set() or st['pos'] >= total:
+                    return None
+                nrec = min(total - st['pos'], st['nbatch'] * bs)
+                claimed = st['seq'], st['pos'], nrec
+                st['seq'] += 1
+                st['pos'] += nrec
+                return claimed
+
+        def deliver(seq, batches, exc):
+            with cond:
+                st['done'][seq] = (batches, exc)
+                cond.notify_all()
+
+        def produce(lane):
+            try:
+                while True:
+                    claimed = claim()
+                    if claimed is None:
+                        return
+                    seq, start, nrec = claimed
+                    batches = None
+                    try:
+                        ordinals = self._window_ordinals(start, start + nrec)
+                        batches, leaf_bytes = self._window_batches(ordinals,
+                                                                   lane)
+                        if batches is None:  # damaged: batch by batch
+                            batches = []
+                            for s in range(0, nrec, bs):
+                                batches.append(self._read(ordinals[s:s + bs]))
+                        else:
+                            size = leaf_bytes + sum(
+                                len(b.values.data) + (
+                                    len(b.keys.data) if b.keys is not None
+                                    else 0) for b in batches)
+                            per_batch = max(1, size * bs // nrec)
+                            with cond:
+                                st['nbatch'] = max(1, min(
+                                    2 * st['nbatch'], budget // per_batch))
+                    except BaseException as e:  # raised in the consumer
+                        deliver(seq, batches or [], e)
+                        return
+                    deliver(seq, batches, None)
+            finally:
+                with cond:
+                    st['running'] -= 1
+                    cond.notify_all()
+
+        threads = []
+        for lane in range(lanes):
+            t = threading.Thread(target=produce, args=(lane,),
+                                 name='lmdbio-prefetch', daemon=True)
+            threads.append(t)
+        worker = (threads, stop, cond)
+        self._workers.append(worker)
+        for t in threads:
+            t.start()
+        try:
+            seq = 0
+            while True:
+                with cond:
+                    while seq not in st['done']:
+                        if self._file is None:
+                            raise Error('%s: the Reader was closed'
+                                        % self.path)
+                        if st['running'] == 0 and seq not in st['done']:
+                            return  # every window delivered
+                        cond.wait(0.1)
+                    batches, exc = st['done'].pop(seq)
+                    st['taken'] = seq + 1
+                    cond.notify_all()
+                for b in batches:
+                    if self._file is None:  # closed while iterating
+                        raise Error('%s: the Reader was closed' % self.path)
+                    yield b
+                if exc is not None:
+                    raise exc
+                seq += 1
         finally:
-            stop.set()
-            budget.release()
-            t.join()
+            _stop_worker(worker)
             if worker in self._workers:
                 self._workers.remove(worker)
 
@@ -593,13 +762,11 @@ class Reader:
     def close(self):
         """Stop the prefetch thread and free the buffers.  Under MPI this is
         collective (it frees lmdbio's communicators and the MPI file)."""
-        for t, stop, budget in list(self._workers):
-            stop.set()
-            budget.release()
-            t.join()
+        for worker in list(self._workers):
+            _stop_worker(worker)
         self._workers = []
         if self._file is not None:
-            with self._io_lock:
+            with self._lane_locks[0], self._lane_locks[1]:
                 self._file.close()
                 self._file = None
         if self._mpifile is not None:
