@@ -1335,7 +1335,8 @@ def test_dropping_the_reader(big_env):
     base = os_threads()
     r = lmdbio.Reader(big_env, batch_size=16)
     it = iter(r)
-    next(it)
+    next(it)              # the first batch is read without a thread
+    next(it)              # the second starts the prefetch lanes
     assert os_threads() > base
     del r, it
     pf, n = settle(base)
