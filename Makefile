@@ -33,10 +33,17 @@ SOURCES := $(shell find csrc src/lmdbio -type f \
 		-not -path '*/__pycache__/*' -not -name '*.so' -not -name '*.o' \
 		-not -name '_core.c' 2>/dev/null) meson.build pyproject.toml
 
+# Three sets of requirements, each installed once per .venv (a stamp per
+# file): requirements-build.txt (build + runtime: all `make demo` needs),
+# requirements-test.txt (adds the test tools, images, torch, MPI) and
+# requirements-docs.txt (MkDocs).
+BUILD_DEPS_STAMP := $(VENV)/.lmdbio-build-deps.stamp
 DEPS_STAMP := $(VENV)/.lmdbio-deps.stamp
+DOCS_DEPS_STAMP := $(VENV)/.lmdbio-docs-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
-.PHONY: all venv deps install demo test test-fast test-mpi check-installed clean distclean \
+.PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
+	check-installed docs stubtest clean distclean \
 	sanitize-build test-sanitize fuzz-smoke fuzz-regress
 
 all: install
@@ -44,27 +51,38 @@ all: install
 venv: $(VPY)
 
 $(VPY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else "lmdbio needs Python >= 3.9 (make PYTHON=/path/to/python3.11)")'
 	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
 
+build-deps: $(BUILD_DEPS_STAMP)
 deps: $(DEPS_STAMP)
+docs-deps: $(DOCS_DEPS_STAMP)
 
-$(DEPS_STAMP): requirements-dev.txt | $(VPY)
-	$(PIP) install --upgrade pip
-	$(PIP) install -r requirements-dev.txt
+$(BUILD_DEPS_STAMP): requirements-build.txt | $(VPY)
+	$(PIP) install -r requirements-build.txt
+	touch $@
+
+$(DEPS_STAMP): requirements-test.txt $(BUILD_DEPS_STAMP)
+	$(PIP) install -r requirements-test.txt
+	touch $@
+
+$(DOCS_DEPS_STAMP): requirements-docs.txt $(BUILD_DEPS_STAMP)
+	$(PIP) install -r requirements-docs.txt
 	touch $@
 
 install: $(INSTALL_STAMP)
 
-# Non-editable install with the build requirements from requirements-dev.txt
+# Non-editable install with the build requirements from requirements-build.txt
 # (no isolated build env: faster, and the same compiler inputs every time).
-$(INSTALL_STAMP): $(DEPS_STAMP) $(SOURCES)
+$(INSTALL_STAMP): $(BUILD_DEPS_STAMP) $(SOURCES)
 	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 
 # pytest must import the INSTALLED lmdbio, not src/lmdbio: check where
 # `import lmdbio` resolves from the directory pytest runs in (without
 # executing the package).
-check-installed: $(INSTALL_STAMP)
+check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 	@$(VPY) -c "import importlib.util as u, os, sys; \
 	s = u.find_spec('lmdbio'); o = s and s.origin; \
 	ok = bool(o) and os.sep + 'site-packages' + os.sep in o; \
