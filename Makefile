@@ -3,8 +3,11 @@
 # and the package index).
 #
 #   make demo        build, then compare lmdbio with py-lmdb on a sample Caffe LMDB
+#                    (installs only requirements-build.txt: no torch, no OpenCV)
 #   make test        all tests: pytest (no MPI), then tests/mpi under mpiexec -n 1, 2, 4
 #   make test-fast   pytest without the MPI runs
+#   make docs        the documentation site (docs/, MkDocs) into build/docs
+#   make stubtest    the type stubs of the compiled modules against the build
 #   make test-mpi    only the MPI runs
 #   make install     (re)build and install lmdbio into .venv (non-editable)
 #   make test-sanitize  the parser, corruption, verify, fault and live-writer
@@ -51,6 +54,8 @@ all: install
 venv: $(VPY)
 
 $(VPY):
+	@test -n "$(PYTHON)" || { echo "no python3 on PATH: install Python >= 3.9 (3.11 preferred) or run make PYTHON=/path/to/python3"; exit 1; }
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "$(PYTHON) cannot create a venv (Debian: apt-get install python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else "lmdbio needs Python >= 3.9 (make PYTHON=/path/to/python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
@@ -97,6 +102,18 @@ demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py
 
 test: test-fast test-mpi
+
+# The documentation site (docs/, mkdocs.yml) into build/docs, warnings as
+# errors.  The API reference comes from the installed package's docstrings.
+docs: $(INSTALL_STAMP) $(DOCS_DEPS_STAMP)
+	$(VPY) -m mkdocs build --strict --site-dir build/docs
+
+# The .pyi stubs of the compiled modules against the built modules (mypy's
+# stubtest; tests/test_types.py runs the same under `make test`).  After a
+# change to a .pyx: `make stubtest` names what the stubs must follow.
+stubtest: check-installed
+	$(VPY) -m mypy.stubtest --allowlist tests/stubtest-allowlist.txt \
+		lmdbio._core lmdbio._bulk lmdbio._datum
 
 test-fast: check-installed
 	$(VPY) -m pytest tests --ignore=tests/mpi $(PYTEST_ARGS)
@@ -151,11 +168,18 @@ test-sanitize: $(SAN_STAMP)
 
 # The fuzz targets need clang with libFuzzer (Debian: clang libclang-rt-14-dev).
 FUZZ_SECONDS ?= 30
+# One line instead of a compiler error when clang or libFuzzer is missing.
+FUZZ_CLANG_CHECK = @printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
+	$(or $(CLANG),clang) -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1 || \
+	{ echo "the fuzz targets need clang with libFuzzer (Debian: apt-get install clang libclang-rt-14-dev)"; exit 1; }
+
 fuzz-smoke:
+	$(FUZZ_CLANG_CHECK)
 	$(MAKE) -C fuzz -j2 all
 	$(MAKE) -C fuzz smoke FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 fuzz-regress:
+	$(FUZZ_CLANG_CHECK)
 	$(MAKE) -C fuzz -j2 all
 	$(MAKE) -C fuzz regress
 

@@ -779,12 +779,13 @@ cdef class Environment:
 
     def sync(self, force=False):
         """Flushing is a write: raises ``lmdbio.ReadonlyError``, as py-lmdb does
-        on a read-only environment."""
+        on a read-only environment (``force`` or not)."""
         self._check()
         raise _make_error('mdb_env_sync', EACCES_)
 
     def set_mapsize(self, map_size):
-        """Set the map size :py:meth:`info` reports (``0``: the file's).
+        """Set the map size :py:meth:`info` reports to ``map_size`` (``0``:
+        the file's).
         As in py-lmdb, open transactions and cursors are invalidated."""
         cdef lio_meta snap
         self._check()
@@ -867,7 +868,14 @@ cdef class Environment:
             'psize': t.snap.psize}
 
     def begin(self, db=None, parent=None, write=False, buffers=False):
-        """Shortcut for :py:class:`lmdbio.Transaction`"""
+        """A read-only :py:class:`lmdbio.Transaction` of the newest snapshot
+        (with ``lock=True`` it holds a reader slot until it ends).
+
+        ``db``: the database that ``get``/``cursor`` use by default (the
+        main one if None).  ``parent``: accepted for compatibility (nested
+        transactions are write transactions).  ``write=True`` raises
+        ``lmdbio.ReadonlyError``.  ``buffers=True``: keys and values come
+        back as read-only memoryviews instead of bytes."""
         cdef Transaction t = Transaction.__new__(Transaction)
         t._start(self, db, parent, write, buffers)
         return t
@@ -875,9 +883,12 @@ cdef class Environment:
     def open_db(self, key=None, txn=None, reverse_key=False, dupsort=False,
                 create=True, integerkey=False, integerdup=False,
                 dupfixed=False):
-        """Open a database, returning a :py:class:`_Database` handle.  Its
-        flags come from the file (the flag arguments are ignored for an
-        existing database, as in py-lmdb).  A missing database raises
+        """Open the named database ``key`` (bytes; None: the main
+        database), returning a :py:class:`_Database` handle, in ``txn`` or
+        a transaction of its own.  Its flags come from the file: the flag
+        arguments ``reverse_key``, ``dupsort``, ``integerkey``,
+        ``integerdup`` and ``dupfixed`` are ignored for an existing
+        database, as in py-lmdb.  A missing database raises
         ``lmdbio.ReadonlyError`` with ``create=True`` (it cannot be created)
         and :class:`NotFoundError` with ``create=False``; ``max_dbs`` limits
         the named databases open at once, as in liblmdb."""
@@ -948,8 +959,9 @@ cdef class Environment:
         return db
 
     def dbs(self, txn=None):
-        """The named databases in the main database, as a list of bytes
-        (each is opened, so at most `max_dbs` names are returned)."""
+        """The named databases in the main database, as a list of bytes,
+        read in ``txn`` (or a transaction of its own); each is opened, so at
+        most `max_dbs` names are returned."""
         cdef Transaction t
         own = txn is None
         t = self.begin() if own else txn
@@ -1002,8 +1014,9 @@ cdef class Environment:
             _os.close(fd)
 
     def copyfd(self, fd, compact=False, txn=None):
-        """Write a consistent copy of the current snapshot to the file
-        descriptor `fd` (see :py:meth:`copy`)."""
+        """Write a consistent copy of the current snapshot (or of `txn`'s,
+        with ``compact=True``) to the file descriptor `fd`; ``compact``
+        as in :py:meth:`copy`."""
         if txn is not None and not compact:
             raise TypeError('txn argument only compatible with compact=True')
         self._check()
@@ -1171,7 +1184,8 @@ cdef class Transaction:
     A read-only transaction: a consistent snapshot of the environment.
 
     ``Transaction(env, db=None, parent=None, write=False, buffers=False)``,
-    or ``env.begin(...)``.  With ``lock=True`` it holds a reader slot in the
+    or ``env.begin(...)`` (the arguments are :py:meth:`Environment.begin`'s,
+    ``env`` the environment).  With ``lock=True`` it holds a reader slot in the
     lock file until :py:meth:`commit` or :py:meth:`abort` (or the context
     manager's exit).  ``write=True`` raises ``lmdbio.ReadonlyError``.
     ``buffers=True``: values and keys are returned as read-only memoryviews.
@@ -1196,8 +1210,13 @@ cdef class Transaction:
         self._slot = NULL
         self._scratch = NULL
 
-    def __init__(self, Environment env, db=None, parent=None, write=False,
-                 buffers=False):
+    def __init__(self, *args, **kwargs):
+        self._construct(*args, **kwargs)
+
+    __signature__ = _SignatureOf('_construct')
+
+    def _construct(self, Environment env, db=None, parent=None, write=False,
+                   buffers=False):
         if env is None:
             raise TypeError('Transaction requires an Environment')
         self._start(env, db, parent, write, buffers)
@@ -1510,8 +1529,9 @@ cdef class Transaction:
         return _stat_dict(self.env._psize, &rec)
 
     def get(self, key, default=None, db=None):
-        """Fetch the first value matching `key`, returning `default` if `key`
-        does not exist."""
+        """Fetch the first value matching `key` in `db` (default: the
+        transaction's database), returning `default` if `key` does not
+        exist."""
         cdef _Database d
         cdef bytes k
         cdef lio_val kv, dv
@@ -1552,7 +1572,9 @@ cdef class Transaction:
 
     def put(self, key, value, dupdata=True, overwrite=True, append=False,
             db=None):
-        """Writes are refused: raises ``lmdbio.ReadonlyError``."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value`, `dupdata`, `overwrite`, `append` and `db` are py-lmdb's
+        arguments."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
@@ -1561,20 +1583,22 @@ cdef class Transaction:
 
     def replace(self, key, value, db=None):
         """Writes are refused: raises ``lmdbio.ReadonlyError`` (what py-lmdb
-        raises after looking the key up)."""
+        raises after looking the key up); `key`, `value` and `db` are
+        py-lmdb's arguments."""
         self._check()
         with Cursor(self._dbarg(db), self) as curs:
             return curs.replace(key, value)
 
     def pop(self, key, db=None):
-        """Returns ``None`` for a missing key (as py-lmdb); otherwise the
-        delete is refused with ``lmdbio.ReadonlyError``."""
+        """Returns ``None`` for a missing `key` in `db` (as py-lmdb);
+        otherwise the delete is refused with ``lmdbio.ReadonlyError``."""
         self._check()
         with Cursor(self._dbarg(db), self) as curs:
             return curs.pop(key)
 
     def delete(self, key, value=b'', db=None):
-        """Writes are refused: raises ``lmdbio.ReadonlyError``."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value` and `db` are py-lmdb's arguments."""
         self._check()
         _to_bytes(key)
         if value is not None:
@@ -1635,7 +1659,12 @@ cdef class Cursor:
         self._val.data = NULL
         self._val.size = 0
 
-    def __init__(self, db=None, txn=None):
+    def __init__(self, *args, **kwargs):
+        self._construct(*args, **kwargs)
+
+    __signature__ = _SignatureOf('_construct')
+
+    def _construct(self, db=None, txn=None):
         if db is None or txn is None:
             raise TypeError('db and transaction parameters required.')
         self._init(db, txn)
@@ -1852,7 +1881,8 @@ cdef class Cursor:
         return rc
 
     def get(self, key, default=None):
-        """Like :py:meth:`set_key`, returning the value or `default`."""
+        """Position at `key` like :py:meth:`set_key`, returning its first
+        value, or `default` if it does not exist."""
         if key is None:
             self._check()
             raise TypeError('key must be given.')
@@ -1952,27 +1982,33 @@ cdef class Cursor:
     def iternext(self, keys=True, values=True):
         """Forward iterator yielding the current element, then calling
         :py:meth:`next`, until the end (from the first record if
-        unpositioned)."""
+        unpositioned).  It yields ``(key, value)`` tuples, or only keys
+        (``values=False``) or only values (``keys=False``)."""
         return self._iter(LIO_FIRST, LIO_NEXT, keys, values)
 
     def iternext_dup(self, keys=False, values=True):
-        """Forward iterator over the current key's values."""
+        """Forward iterator over the current key's values (``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(-1, LIO_NEXT_DUP, keys, values)
 
     def iternext_nodup(self, keys=True, values=False):
-        """Forward iterator over keys (first value of each)."""
+        """Forward iterator over keys (first value of each; ``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_FIRST, LIO_NEXT_NODUP, keys, values)
 
     def iterprev(self, keys=True, values=True):
-        """Reverse iterator (from the last record if unpositioned)."""
+        """Reverse iterator (from the last record if unpositioned;
+        ``keys``, ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_LAST, LIO_PREV, keys, values)
 
     def iterprev_dup(self, keys=False, values=True):
-        """Reverse iterator over the current key's values."""
+        """Reverse iterator over the current key's values (``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(-1, LIO_PREV_DUP, keys, values)
 
     def iterprev_nodup(self, keys=True, values=False):
-        """Reverse iterator over keys (last value of each)."""
+        """Reverse iterator over keys (last value of each; ``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_LAST, LIO_PREV_NODUP, keys, values)
 
     def _iter_from(self, k, reverse):
@@ -2000,7 +2036,9 @@ cdef class Cursor:
     # ---- writes: all refused ---------------------------------------------
 
     def put(self, key, value, dupdata=True, overwrite=True, append=False):
-        """Writes are refused: raises ``lmdbio.ReadonlyError``."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value`, `dupdata`, `overwrite` and `append` are py-lmdb's
+        arguments."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
@@ -2008,7 +2046,8 @@ cdef class Cursor:
 
     def putmulti(self, items, dupdata=True, overwrite=True, append=False):
         """Writes are refused: raises ``lmdbio.ReadonlyError`` at the first
-        item (an empty `items` returns ``(0, 0)``, as py-lmdb)."""
+        item (an empty `items` returns ``(0, 0)``, as py-lmdb); `dupdata`,
+        `overwrite` and `append` are py-lmdb's arguments."""
         self._check()
         for item in items:
             if type(item) is not tuple or len(item) != 2:
@@ -2020,7 +2059,7 @@ cdef class Cursor:
 
     def delete(self, dupdata=False):
         """Returns ``False`` when unpositioned; otherwise the delete is
-        refused with ``lmdbio.ReadonlyError``."""
+        refused with ``lmdbio.ReadonlyError`` (``dupdata`` or not)."""
         self._check()
         if self.positioned:
             raise _make_error('mdb_cursor_del', EACCES_)
@@ -2028,7 +2067,8 @@ cdef class Cursor:
 
     def replace(self, key, value):
         """Writes are refused: raises ``lmdbio.ReadonlyError`` (on a
-        ``dupsort`` database after looking `key` up, as py-lmdb)."""
+        ``dupsort`` database after looking `key` up, as py-lmdb); `value`
+        is py-lmdb's argument."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
