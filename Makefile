@@ -184,7 +184,8 @@ fuzz-regress:
 	$(MAKE) -C fuzz regress
 
 clean:
-	rm -rf build builddir dist .pytest_cache .hypothesis .benchmarks src/lmdbio/_core.c
+	rm -rf build builddir dist .pytest_cache .hypothesis .benchmarks .mypy_cache \
+		src/lmdbio/_core.c src/lmdbio/_bulk.c src/lmdbio/_datum.c
 	find src tests scripts -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 	find src -name '*.so' -delete 2>/dev/null || true
 	rm -f $(INSTALL_STAMP)
