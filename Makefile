@@ -3,8 +3,11 @@
 # and the package index).
 #
 #   make demo        build, then compare lmdbio with py-lmdb on a sample Caffe LMDB
+#                    (installs only requirements-build.txt: no torch, no OpenCV)
 #   make test        all tests: pytest (no MPI), then tests/mpi under mpiexec -n 1, 2, 4
 #   make test-fast   pytest without the MPI runs
+#   make docs        the documentation site (docs/, MkDocs) into build/docs
+#   make stubtest    the type stubs of the compiled modules against the build
 #   make test-mpi    only the MPI runs
 #   make install     (re)build and install lmdbio into .venv (non-editable)
 #   make test-sanitize  the parser, corruption, verify, fault and live-writer
@@ -33,10 +36,17 @@ SOURCES := $(shell find csrc src/lmdbio -type f \
 		-not -path '*/__pycache__/*' -not -name '*.so' -not -name '*.o' \
 		-not -name '_core.c' 2>/dev/null) meson.build pyproject.toml
 
+# Three sets of requirements, each installed once per .venv (a stamp per
+# file): requirements-build.txt (build + runtime: all `make demo` needs),
+# requirements-test.txt (adds the test tools, images, torch, MPI) and
+# requirements-docs.txt (MkDocs).
+BUILD_DEPS_STAMP := $(VENV)/.lmdbio-build-deps.stamp
 DEPS_STAMP := $(VENV)/.lmdbio-deps.stamp
+DOCS_DEPS_STAMP := $(VENV)/.lmdbio-docs-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
-.PHONY: all venv deps install demo test test-fast test-mpi check-installed clean distclean \
+.PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
+	check-installed docs stubtest clean distclean \
 	sanitize-build test-sanitize fuzz-smoke fuzz-regress
 
 all: install
@@ -44,27 +54,40 @@ all: install
 venv: $(VPY)
 
 $(VPY):
+	@test -n "$(PYTHON)" || { echo "no python3 on PATH: install Python >= 3.9 (3.11 preferred) or run make PYTHON=/path/to/python3"; exit 1; }
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "$(PYTHON) cannot create a venv (Debian: apt-get install python3-venv)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else "lmdbio needs Python >= 3.9 (make PYTHON=/path/to/python3.11)")'
 	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
 
+build-deps: $(BUILD_DEPS_STAMP)
 deps: $(DEPS_STAMP)
+docs-deps: $(DOCS_DEPS_STAMP)
 
-$(DEPS_STAMP): requirements-dev.txt | $(VPY)
-	$(PIP) install --upgrade pip
-	$(PIP) install -r requirements-dev.txt
+$(BUILD_DEPS_STAMP): requirements-build.txt | $(VPY)
+	$(PIP) install -r requirements-build.txt
+	touch $@
+
+$(DEPS_STAMP): requirements-test.txt $(BUILD_DEPS_STAMP)
+	$(PIP) install -r requirements-test.txt
+	touch $@
+
+$(DOCS_DEPS_STAMP): requirements-docs.txt $(BUILD_DEPS_STAMP)
+	$(PIP) install -r requirements-docs.txt
 	touch $@
 
 install: $(INSTALL_STAMP)
 
-# Non-editable install with the build requirements from requirements-dev.txt
+# Non-editable install with the build requirements from requirements-build.txt
 # (no isolated build env: faster, and the same compiler inputs every time).
-$(INSTALL_STAMP): $(DEPS_STAMP) $(SOURCES)
+$(INSTALL_STAMP): $(BUILD_DEPS_STAMP) $(SOURCES)
 	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 
 # pytest must import the INSTALLED lmdbio, not src/lmdbio: check where
 # `import lmdbio` resolves from the directory pytest runs in (without
 # executing the package).
-check-installed: $(INSTALL_STAMP)
+check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 	@$(VPY) -c "import importlib.util as u, os, sys; \
 	s = u.find_spec('lmdbio'); o = s and s.origin; \
 	ok = bool(o) and os.sep + 'site-packages' + os.sep in o; \
@@ -79,6 +102,18 @@ demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py
 
 test: test-fast test-mpi
+
+# The documentation site (docs/, mkdocs.yml) into build/docs, warnings as
+# errors.  The API reference comes from the installed package's docstrings.
+docs: $(INSTALL_STAMP) $(DOCS_DEPS_STAMP)
+	$(VPY) -m mkdocs build --strict --site-dir build/docs
+
+# The .pyi stubs of the compiled modules against the built modules (mypy's
+# stubtest; tests/test_types.py runs the same under `make test`).  After a
+# change to a .pyx: `make stubtest` names what the stubs must follow.
+stubtest: check-installed
+	$(VPY) -m mypy.stubtest --allowlist tests/stubtest-allowlist.txt \
+		lmdbio._core lmdbio._bulk lmdbio._datum
 
 test-fast: check-installed
 	$(VPY) -m pytest tests --ignore=tests/mpi $(PYTEST_ARGS)
@@ -142,7 +177,8 @@ fuzz-regress:
 	$(MAKE) -C fuzz regress
 
 clean:
-	rm -rf build builddir dist .pytest_cache .hypothesis .benchmarks src/lmdbio/_core.c
+	rm -rf build builddir dist .pytest_cache .hypothesis .benchmarks .mypy_cache \
+		src/lmdbio/_core.c src/lmdbio/_bulk.c src/lmdbio/_datum.c
 	find src tests scripts -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 	find src -name '*.so' -delete 2>/dev/null || true
 	rm -f $(INSTALL_STAMP)

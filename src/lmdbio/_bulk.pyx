@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=True
 """Bindings of the C core's bulk path: record index and batch reads.
 
 One BulkFile is one data file, one snapshot and one tree.  Every call that

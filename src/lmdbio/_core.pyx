@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-# cython: initializedcheck=False, cdivision=True, embedsignature=True
+# cython: initializedcheck=False, cdivision=True, binding=True
 """lmdbio's py-lmdb-compatible read API over the C core (csrc/).
 
 ``Environment``, ``Transaction``, ``Cursor`` and ``_Database`` mirror py-lmdb's
@@ -212,6 +212,24 @@ def _fspath(path):
     return _fspath(p)
 
 
+class _SignatureOf:
+    """``inspect.signature`` of a cdef class, whose ``__init__`` is a slot
+    without one: the signature of the named method, less ``self``."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __get__(self, obj, cls):
+        import inspect
+        sig = inspect.signature(getattr(cls, self.name))
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+def _reopen(cls, args, kwargs):
+    """Unpickle an Environment: open it again with the same arguments."""
+    return cls(*args, **kwargs)
+
+
 # ---------------------------------------------------------------------------
 # _Database
 # ---------------------------------------------------------------------------
@@ -340,30 +358,55 @@ cdef class Environment:
     """
     A read-only LMDB environment, read without mmap.
 
-    Takes py-lmdb's arguments (``lmdbio.open`` is an alias)::
+    ``lmdbio.open(...)`` is ``Environment(...)``, as in py-lmdb, and takes
+    py-lmdb's arguments.  The data file is never created, modified or
+    mapped.
 
-        Environment(path, map_size=10485760, subdir=True, readonly=True,
-                    metasync=True, sync=True, map_async=False, mode=0o755,
-                    create=True, readahead=True, writemap=False, meminit=True,
-                    max_readers=126, max_dbs=0, max_spare_txns=1, lock=True,
-                    *, comm=None, engine="auto", direct=False,
-                    cache_bytes=64 << 20)
+    Arguments:
+        path: A directory holding ``data.mdb`` (``subdir=True``) or the data
+            file itself (``subdir=False``); ``str``, ``bytes`` or a path-like.
+        map_size: py-lmdb's map size: only what :py:meth:`info` reports
+            (raised to the size of the committed data); nothing is mapped.
+        subdir: ``path`` is a directory (``True``) or the data file.
+        readonly: Accepted for compatibility; ``False`` opens read-only all
+            the same, and every write raises ``lmdbio.ReadonlyError``.
+        metasync: Accepted for compatibility (a write option); reported by
+            :py:meth:`flags`.
+        sync: As ``metasync``.
+        map_async: As ``metasync``.
+        mode: Permissions of the lock file if ``lock=True`` creates it.
+        create: Accepted for compatibility: the data file is never created
+            (a missing one raises ``lmdbio.Error`` naming the path).
+        readahead: A page-cache miss on a tree page reads a 256 KiB block
+            (``False``: one page).
+        writemap: Accepted for compatibility; ignored (liblmdb ignores it
+            for read-only environments).
+        meminit: Accepted for compatibility; reported by :py:meth:`flags`.
+        max_readers: Size of the reader table if ``lock=True`` creates the
+            lock file.
+        max_dbs: How many named databases :py:meth:`open_db` may open
+            (0: only the main database), as in py-lmdb.
+        max_spare_txns: Accepted for compatibility; ignored.
+        lock: ``True`` (the default, as in py-lmdb): each transaction holds
+            a reader slot in the lock file (``lock.mdb``, or ``PATH-lock``),
+            as a liblmdb reader does, so a live writer cannot reuse the
+            pages of its snapshot.  ``False`` touches no lock file
+            (immutable datasets, network filesystems); then a writer two
+            commits past the snapshot raises ``lmdbio.SnapshotChangedError``.
+        comm: An mpi4py communicator: every rank opens the file
+            collectively with MPI-IO and every transaction reads the
+            snapshot rank 0 chose; ``begin()`` and ``close()`` are then
+            collective.  Such an environment cannot be pickled.
+        engine: ``"auto"`` (MPI-IO with ``comm``, else ``pread``),
+            ``"posix"`` (``pread``) or ``"mpiio"`` (MPI-IO; without
+            ``comm``, over ``MPI.COMM_WORLD``).
+        direct: Open the data file with ``O_DIRECT`` (POSIX engine only; a
+            filesystem that refuses it raises).
+        cache_bytes: The budget of the page cache that cursors and lookups
+            read through.
 
-    `path` is a directory holding ``data.mdb`` (``subdir=True``) or the data
-    file itself (``subdir=False``).  The data file is never created,
-    modified or mapped; ``readonly=False`` is accepted but every write raises
-    :class:`ReadonlyError`.
-
-    ``lock=True``: each transaction holds a reader slot in the lock file
-    (``lock.mdb``, or ``PATH-lock``), as a liblmdb reader does, so a live
-    writer cannot reuse the pages of its snapshot.  ``lock=False`` touches
-    no lock file (immutable datasets, network filesystems).
-
-    ``readahead``: a page-cache miss on a tree page reads a 256 KiB block
-    (``False``: one page).  ``cache_bytes``: the page cache's budget.
-    ``direct=True`` opens the data file with ``O_DIRECT``.
-    ``engine``: ``"auto"`` or ``"posix"`` (pread).  The MPI-IO engine
-    (``engine="mpiio"`` or a `comm`) is not available in this class yet.
+    Pickling carries the path and these arguments, never open files:
+    ``pickle.loads`` opens the environment again in the new process.
     """
     cdef lio_posix *_posix
     cdef object _mpisrc       # _MPISource with engine="mpiio"
@@ -396,6 +439,7 @@ cdef class Environment:
     # names one committed meta page, so begin() need not re-read it.
     cdef bint _snap_ok
     cdef lio_meta _snap_cache
+    cdef object _args         # (args, kwargs) of the constructor, for pickling
     cdef object __weakref__
 
     def __cinit__(self):
@@ -403,7 +447,27 @@ cdef class Environment:
         self._env = NULL
         self._lock = NULL
 
-    def __init__(self, path, map_size=10485760, subdir=True, readonly=True,
+    # The constructor's arguments live in _open (a Python-visible method,
+    # so inspect.signature sees them); __init__, a slot without a
+    # signature, keeps them for pickling.
+    def __init__(self, *args, **kwargs):
+        self._open(*args, **kwargs)
+        self._args = (args, kwargs)
+
+    __signature__ = _SignatureOf('_open')
+
+    def __reduce__(self):
+        """Pickle the path and constructor arguments (never open files):
+        unpickling opens the environment again."""
+        args, kwargs = self._args
+        if kwargs.get('comm') is not None or kwargs.get('engine') == 'mpiio':
+            raise TypeError(
+                'cannot pickle an Environment opened with comm= or '
+                'engine="mpiio": a communicator does not travel; open it '
+                'again in each process with lmdbio.open(path, comm=...)')
+        return (_reopen, (type(self), args, kwargs))
+
+    def _open(self, path, map_size=10485760, subdir=True, readonly=True,
                  metasync=True, sync=True, map_async=False, mode=0o755,
                  create=True, readahead=True, writemap=False, meminit=True,
                  max_readers=126, max_dbs=0, max_spare_txns=1, lock=True,
@@ -714,13 +778,14 @@ cdef class Environment:
         return dead
 
     def sync(self, force=False):
-        """Flushing is a write: raises :class:`ReadonlyError`, as py-lmdb does
-        on a read-only environment."""
+        """Flushing is a write: raises ``lmdbio.ReadonlyError``, as py-lmdb does
+        on a read-only environment (``force`` or not)."""
         self._check()
         raise _make_error('mdb_env_sync', EACCES_)
 
     def set_mapsize(self, map_size):
-        """Set the map size :py:meth:`info` reports (``0``: the file's).
+        """Set the map size :py:meth:`info` reports to ``map_size`` (``0``:
+        the file's).
         As in py-lmdb, open transactions and cursors are invalidated."""
         cdef lio_meta snap
         self._check()
@@ -803,7 +868,14 @@ cdef class Environment:
             'psize': t.snap.psize}
 
     def begin(self, db=None, parent=None, write=False, buffers=False):
-        """Shortcut for :py:class:`lmdbio.Transaction`"""
+        """A read-only :py:class:`lmdbio.Transaction` of the newest snapshot
+        (with ``lock=True`` it holds a reader slot until it ends).
+
+        ``db``: the database that ``get``/``cursor`` use by default (the
+        main one if None).  ``parent``: accepted for compatibility (nested
+        transactions are write transactions).  ``write=True`` raises
+        ``lmdbio.ReadonlyError``.  ``buffers=True``: keys and values come
+        back as read-only memoryviews instead of bytes."""
         cdef Transaction t = Transaction.__new__(Transaction)
         t._start(self, db, parent, write, buffers)
         return t
@@ -811,10 +883,13 @@ cdef class Environment:
     def open_db(self, key=None, txn=None, reverse_key=False, dupsort=False,
                 create=True, integerkey=False, integerdup=False,
                 dupfixed=False):
-        """Open a database, returning a :py:class:`_Database` handle.  Its
-        flags come from the file (the flag arguments are ignored for an
-        existing database, as in py-lmdb).  A missing database raises
-        :class:`ReadonlyError` with ``create=True`` (it cannot be created)
+        """Open the named database ``key`` (bytes; None: the main
+        database), returning a :py:class:`_Database` handle, in ``txn`` or
+        a transaction of its own.  Its flags come from the file: the flag
+        arguments ``reverse_key``, ``dupsort``, ``integerkey``,
+        ``integerdup`` and ``dupfixed`` are ignored for an existing
+        database, as in py-lmdb.  A missing database raises
+        ``lmdbio.ReadonlyError`` with ``create=True`` (it cannot be created)
         and :class:`NotFoundError` with ``create=False``; ``max_dbs`` limits
         the named databases open at once, as in liblmdb."""
         cdef Transaction t
@@ -884,8 +959,9 @@ cdef class Environment:
         return db
 
     def dbs(self, txn=None):
-        """The named databases in the main database, as a list of bytes
-        (each is opened, so at most `max_dbs` names are returned)."""
+        """The named databases in the main database, as a list of bytes,
+        read in ``txn`` (or a transaction of its own); each is opened, so at
+        most `max_dbs` names are returned."""
         cdef Transaction t
         own = txn is None
         t = self.begin() if own else txn
@@ -938,8 +1014,9 @@ cdef class Environment:
             _os.close(fd)
 
     def copyfd(self, fd, compact=False, txn=None):
-        """Write a consistent copy of the current snapshot to the file
-        descriptor `fd` (see :py:meth:`copy`)."""
+        """Write a consistent copy of the current snapshot (or of `txn`'s,
+        with ``compact=True``) to the file descriptor `fd`; ``compact``
+        as in :py:meth:`copy`."""
         if txn is not None and not compact:
             raise TypeError('txn argument only compatible with compact=True')
         self._check()
@@ -1107,9 +1184,10 @@ cdef class Transaction:
     A read-only transaction: a consistent snapshot of the environment.
 
     ``Transaction(env, db=None, parent=None, write=False, buffers=False)``,
-    or ``env.begin(...)``.  With ``lock=True`` it holds a reader slot in the
+    or ``env.begin(...)`` (the arguments are :py:meth:`Environment.begin`'s,
+    ``env`` the environment).  With ``lock=True`` it holds a reader slot in the
     lock file until :py:meth:`commit` or :py:meth:`abort` (or the context
-    manager's exit).  ``write=True`` raises :class:`ReadonlyError`.
+    manager's exit).  ``write=True`` raises ``lmdbio.ReadonlyError``.
     ``buffers=True``: values and keys are returned as read-only memoryviews.
     """
     cdef readonly Environment env
@@ -1132,8 +1210,13 @@ cdef class Transaction:
         self._slot = NULL
         self._scratch = NULL
 
-    def __init__(self, Environment env, db=None, parent=None, write=False,
-                 buffers=False):
+    def __init__(self, *args, **kwargs):
+        self._construct(*args, **kwargs)
+
+    __signature__ = _SignatureOf('_construct')
+
+    def _construct(self, Environment env, db=None, parent=None, write=False,
+                   buffers=False):
         if env is None:
             raise TypeError('Transaction requires an Environment')
         self._start(env, db, parent, write, buffers)
@@ -1446,8 +1529,9 @@ cdef class Transaction:
         return _stat_dict(self.env._psize, &rec)
 
     def get(self, key, default=None, db=None):
-        """Fetch the first value matching `key`, returning `default` if `key`
-        does not exist."""
+        """Fetch the first value matching `key` in `db` (default: the
+        transaction's database), returning `default` if `key` does not
+        exist."""
         cdef _Database d
         cdef bytes k
         cdef lio_val kv, dv
@@ -1488,7 +1572,9 @@ cdef class Transaction:
 
     def put(self, key, value, dupdata=True, overwrite=True, append=False,
             db=None):
-        """Writes are refused: raises :class:`ReadonlyError`."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value`, `dupdata`, `overwrite`, `append` and `db` are py-lmdb's
+        arguments."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
@@ -1496,21 +1582,23 @@ cdef class Transaction:
         raise _make_error('mdb_put', EACCES_)
 
     def replace(self, key, value, db=None):
-        """Writes are refused: raises :class:`ReadonlyError` (what py-lmdb
-        raises after looking the key up)."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError`` (what py-lmdb
+        raises after looking the key up); `key`, `value` and `db` are
+        py-lmdb's arguments."""
         self._check()
         with Cursor(self._dbarg(db), self) as curs:
             return curs.replace(key, value)
 
     def pop(self, key, db=None):
-        """Returns ``None`` for a missing key (as py-lmdb); otherwise the
-        delete is refused with :class:`ReadonlyError`."""
+        """Returns ``None`` for a missing `key` in `db` (as py-lmdb);
+        otherwise the delete is refused with ``lmdbio.ReadonlyError``."""
         self._check()
         with Cursor(self._dbarg(db), self) as curs:
             return curs.pop(key)
 
     def delete(self, key, value=b'', db=None):
-        """Writes are refused: raises :class:`ReadonlyError`."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value` and `db` are py-lmdb's arguments."""
         self._check()
         _to_bytes(key)
         if value is not None:
@@ -1519,7 +1607,7 @@ cdef class Transaction:
         raise _make_error('mdb_del', EACCES_)
 
     def drop(self, db, delete=True):
-        """Writes are refused: raises :class:`ReadonlyError` (after closing
+        """Writes are refused: raises ``lmdbio.ReadonlyError`` (after closing
         this transaction's cursors on `db` when ``delete=True``, as
         py-lmdb)."""
         cdef Cursor c
@@ -1549,7 +1637,7 @@ cdef class Cursor:
     positioned/unpositioned semantics: once a positioning method returns
     ``False`` the cursor is unpositioned and :py:meth:`key` and
     :py:meth:`value` return empty bytestrings.  Write methods raise
-    :class:`ReadonlyError`.
+    ``lmdbio.ReadonlyError``.
     """
     cdef readonly Transaction txn
     cdef readonly _Database db
@@ -1571,7 +1659,12 @@ cdef class Cursor:
         self._val.data = NULL
         self._val.size = 0
 
-    def __init__(self, db=None, txn=None):
+    def __init__(self, *args, **kwargs):
+        self._construct(*args, **kwargs)
+
+    __signature__ = _SignatureOf('_construct')
+
+    def _construct(self, db=None, txn=None):
         if db is None or txn is None:
             raise TypeError('db and transaction parameters required.')
         self._init(db, txn)
@@ -1788,7 +1881,8 @@ cdef class Cursor:
         return rc
 
     def get(self, key, default=None):
-        """Like :py:meth:`set_key`, returning the value or `default`."""
+        """Position at `key` like :py:meth:`set_key`, returning its first
+        value, or `default` if it does not exist."""
         if key is None:
             self._check()
             raise TypeError('key must be given.')
@@ -1888,27 +1982,33 @@ cdef class Cursor:
     def iternext(self, keys=True, values=True):
         """Forward iterator yielding the current element, then calling
         :py:meth:`next`, until the end (from the first record if
-        unpositioned)."""
+        unpositioned).  It yields ``(key, value)`` tuples, or only keys
+        (``values=False``) or only values (``keys=False``)."""
         return self._iter(LIO_FIRST, LIO_NEXT, keys, values)
 
     def iternext_dup(self, keys=False, values=True):
-        """Forward iterator over the current key's values."""
+        """Forward iterator over the current key's values (``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(-1, LIO_NEXT_DUP, keys, values)
 
     def iternext_nodup(self, keys=True, values=False):
-        """Forward iterator over keys (first value of each)."""
+        """Forward iterator over keys (first value of each; ``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_FIRST, LIO_NEXT_NODUP, keys, values)
 
     def iterprev(self, keys=True, values=True):
-        """Reverse iterator (from the last record if unpositioned)."""
+        """Reverse iterator (from the last record if unpositioned;
+        ``keys``, ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_LAST, LIO_PREV, keys, values)
 
     def iterprev_dup(self, keys=False, values=True):
-        """Reverse iterator over the current key's values."""
+        """Reverse iterator over the current key's values (``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(-1, LIO_PREV_DUP, keys, values)
 
     def iterprev_nodup(self, keys=True, values=False):
-        """Reverse iterator over keys (last value of each)."""
+        """Reverse iterator over keys (last value of each; ``keys``,
+        ``values``: what to yield, as in :py:meth:`iternext`)."""
         return self._iter(LIO_LAST, LIO_PREV_NODUP, keys, values)
 
     def _iter_from(self, k, reverse):
@@ -1936,15 +2036,18 @@ cdef class Cursor:
     # ---- writes: all refused ---------------------------------------------
 
     def put(self, key, value, dupdata=True, overwrite=True, append=False):
-        """Writes are refused: raises :class:`ReadonlyError`."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError``; `key`,
+        `value`, `dupdata`, `overwrite` and `append` are py-lmdb's
+        arguments."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
         raise _make_error('mdb_put', EACCES_)
 
     def putmulti(self, items, dupdata=True, overwrite=True, append=False):
-        """Writes are refused: raises :class:`ReadonlyError` at the first
-        item (an empty `items` returns ``(0, 0)``, as py-lmdb)."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError`` at the first
+        item (an empty `items` returns ``(0, 0)``, as py-lmdb); `dupdata`,
+        `overwrite` and `append` are py-lmdb's arguments."""
         self._check()
         for item in items:
             if type(item) is not tuple or len(item) != 2:
@@ -1956,15 +2059,16 @@ cdef class Cursor:
 
     def delete(self, dupdata=False):
         """Returns ``False`` when unpositioned; otherwise the delete is
-        refused with :class:`ReadonlyError`."""
+        refused with ``lmdbio.ReadonlyError`` (``dupdata`` or not)."""
         self._check()
         if self.positioned:
             raise _make_error('mdb_cursor_del', EACCES_)
         return False
 
     def replace(self, key, value):
-        """Writes are refused: raises :class:`ReadonlyError` (on a
-        ``dupsort`` database after looking `key` up, as py-lmdb)."""
+        """Writes are refused: raises ``lmdbio.ReadonlyError`` (on a
+        ``dupsort`` database after looking `key` up, as py-lmdb); `value`
+        is py-lmdb's argument."""
         self._check()
         _to_bytes(key)
         _to_bytes(value)
@@ -1975,7 +2079,7 @@ cdef class Cursor:
 
     def pop(self, key):
         """Returns ``None`` for a missing `key`; otherwise the delete is
-        refused with :class:`ReadonlyError`."""
+        refused with ``lmdbio.ReadonlyError``."""
         if self._op_kv(LIO_SET_KEY, key, None):
             raise _make_error('mdb_cursor_del', EACCES_)
         return None

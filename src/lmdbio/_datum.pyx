@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=True
 """Bindings of the C core's Caffe Datum / BlobProto decoder and batch
 transformer (csrc/datum.h).  Every call that parses or copies runs with the
 GIL released.  The Python API is lmdbio.datum."""

@@ -105,7 +105,8 @@ def _check_type(name, value, kind):
 
 
 def parse_param_str(text):
-    """The layer's settings from ``param_str``: a flat dict of the
+    """The layer's settings from ``text`` (the prototxt's ``param_str``,
+    JSON or a Python literal, never evaluated as code): a flat dict of the
     data_param and transform_param fields (nested forms merged), validated.
     Raises ValueError with a clear message."""
     raw = _parse_text(text)
@@ -238,6 +239,9 @@ class DataLayer(_LayerBase):
             super().__init__(*args, **kwargs)
 
     def setup(self, bottom, top):
+        """Caffe's layer set-up: read ``param_str``, open the database and
+        shape the ``top`` blobs (data, and optionally label); ``bottom``
+        must be empty."""
         from lmdbio.datum import DatumReader, Transform
 
         if len(bottom) != 0:
@@ -297,6 +301,7 @@ class DataLayer(_LayerBase):
             top[1].reshape(self.batch_size)
 
     def reshape(self, bottom, top):
+        """Give the ``top`` blobs their batch shapes (``bottom``: none)."""
         self._shape_tops(top)
 
     def _batches(self):
@@ -330,6 +335,8 @@ class DataLayer(_LayerBase):
         return next(self._stream)
 
     def forward(self, bottom, top):
+        """Fill ``top[0]`` with the next transformed batch and ``top[1]``
+        (if present) with its labels (``bottom``: none)."""
         data, labels = self.next_batch()
         out = top[0].data
         if data.shape[1:] != self.datum_shape:
@@ -345,9 +352,12 @@ class DataLayer(_LayerBase):
             top[1].data[...] = labels.astype(np.float32)
 
     def backward(self, top, propagate_down, bottom):
+        """Nothing: a data layer has no gradient (``top``,
+        ``propagate_down`` and ``bottom`` are Caffe's and unused)."""
         pass  # a data layer has nothing to propagate
 
     def close(self):
+        """Stop reading and close the database."""
         stream, self._stream = getattr(self, '_stream', None), None
         if stream is not None:
             stream.close()

@@ -1,5 +1,5 @@
 """Caffe ``Datum`` records as numpy batches, Caffe's DataTransformer, and
-:class:`DatumReader` (api.md section 3, caffe-formats.md).
+:class:`DatumReader` (the documentation's "Caffe and PyTorch" guide).
 
 * :func:`decode` turns a whole batch of serialized Datums (a
   :class:`lmdbio.Ragged` or a sequence of bytes) into one
@@ -244,7 +244,9 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
            indices=None, out=None):
     """A batch of serialized Datums -> ``(data, labels)``.
 
-    ``data``: ``np.uint8[n, C, H, W]`` for raw and encoded Datums,
+    ``values``: the batch: an :class:`lmdbio.Ragged` (a Reader batch's
+    ``values``), a sequence of bytes-like records, or a 2-D uint8 array of
+    equal-length records.  ``data``: ``np.uint8[n, C, H, W]`` for raw and encoded Datums,
     ``np.float32[n, C, H, W]`` for ``float_data`` Datums; ``labels``:
     ``np.int64[n]``.  Raw and float Datums are decoded in one C call without
     the GIL (in ``threads`` threads; default: up to 4 for batches of 8 MiB
@@ -305,7 +307,11 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
 
 def decode_one(buf, *, force_color=False, force_gray=False):
     """One serialized Datum -> ``(array[C, H, W], label)``: uint8 pixels
-    (raw or encoded Datums) or float32 (float_data); ``label`` an int."""
+    (raw or encoded Datums) or float32 (float_data); ``label`` an int.
+
+    ``buf``: the record (bytes-like or a uint8 array).  ``force_color`` /
+    ``force_gray``: decode an encoded image to three channels / one, as in
+    :func:`decode`."""
     if force_color and force_gray:
         raise ValueError('force_color and force_gray cannot both be set')
     b = _as_buffer(buf)
@@ -464,7 +470,7 @@ def encode(array, label=None, encoded=False, *, quality=95):
 # --------------------------------------------------------------------------
 
 def read_mean(path):
-    """A Caffe mean file (``mean.binaryproto``, a BlobProto) as
+    """The Caffe mean file at ``path`` (``mean.binaryproto``, a BlobProto) as
     ``np.float32[C, H, W]``.  The shape comes from num/channels/height/width
     when set (older writers, ``compute_image_mean``), else from ``shape``;
     values from ``double_data`` when present, else ``data`` (as Caffe's
@@ -590,12 +596,14 @@ class Transform:
         return (c, h, w)
 
     def reseed(self, seed):
+        """Restart the random draws from ``numpy.random.default_rng(seed)``."""
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, data, rng=None, out=None):
         """Transform ``data`` [n, C, H, W] (or one datum [C, H, W]) into a
-        new float32 array, or into ``out`` (float32, C-contiguous, of the
+        new float32 array (the random draws from ``rng``, a numpy Generator,
+        instead of the Transform's own when given), or into ``out`` (float32, C-contiguous, of the
         output shape: e.g. a Caffe top blob's ``data``)."""
         data = np.asarray(data)
         if data.ndim == 3:
@@ -730,6 +738,8 @@ class DatumReader:
     :func:`decode` and, given a :class:`Transform`, transformed to float32.
     Decoding runs in a background thread ``prefetch`` batches ahead (0: in
     the caller's thread).  ``decode_threads``: threads for encoded images.
+    ``force_color`` / ``force_gray``: decode encoded images to three
+    channels / one (default: the ``transform``'s fields of those names).
     ``len()``, ``num_records``, ``total_records``, ``set_epoch()``,
     ``read(indices)`` and ``close()`` are the Reader's.
     """
@@ -777,6 +787,7 @@ class DatumReader:
         return self.reader.epoch
 
     def set_epoch(self, epoch):
+        """Select the shuffle of epoch ``epoch`` (see Reader.set_epoch)."""
         self.reader.set_epoch(epoch)
 
     # -- decoding ---------------------------------------------------------
@@ -790,7 +801,8 @@ class DatumReader:
         return data, labels
 
     def read(self, indices):
-        """``(data, labels)`` of the records at these ordinals."""
+        """``(data, labels)`` of the records at the ordinals ``indices``
+        (in that order)."""
         return self._convert(self.reader.read(indices))
 
     def __iter__(self):
@@ -811,6 +823,7 @@ class DatumReader:
 
     # -- lifetime ---------------------------------------------------------
     def close(self):
+        """Stop the decoding thread and close the Reader."""
         for t, stop in list(self._threads):
             stop.set()
             t.join()

@@ -150,6 +150,11 @@ class LMDBDataset(_ReaderHolder, Dataset):
     ``LMDBDataset(path, *, db=None, decode=None, **Reader_kwargs)``: items
     are ``(key, value)`` bytes, or ``decode(value)``.  ``len(ds)`` is the
     number of records.  Negative indices count from the end.
+
+    ``path``, ``db``, ``subdir``, ``lock`` (default ``False``: no reader
+    slot), ``index_cache`` and the other keyword arguments go to the
+    :class:`lmdbio.Reader` that each process opens on first use (the
+    dataset pickles without it, for DataLoader workers).
     """
 
     def __init__(self, path, *, db=None, decode=None, subdir=True,
@@ -223,6 +228,12 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
     ``decode=lmdbio.datum.decode`` gives ``(data[k, C, H, W], labels[k])``),
     without it a batch is ``(keys, values)`` lists; use
     ``DataLoader(ds, batch_size=None)``.
+
+    ``read_size``: records per bulk read when ``batch_size`` is None.
+    ``prefetch``: how many reads a background thread runs ahead (0: none).
+    ``path``, ``db``, ``subdir``, ``lock`` (default ``False``: no reader
+    slot), ``index_cache`` and the other keyword arguments go to the
+    :class:`lmdbio.Reader` each process opens on first use.
     """
 
     def __init__(self, path, *, batch_size=None, shuffle=False, seed=0,
@@ -256,8 +267,9 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
         return rank, world, wid, nworkers
 
     def ordinals(self, rank=None, world_size=None, worker=0, num_workers=1):
-        """The record ordinals that (rank, worker) reads this epoch, in
-        order (default rank/world size: as iteration would find them)."""
+        """The record ordinals that rank ``rank`` of ``world_size``, worker
+        ``worker`` of ``num_workers``, reads this epoch, in order (default
+        rank and world size: as iteration would find them)."""
         if rank is None and world_size is None:
             rank, world_size = _dist_rank_size(self._rank, self._world_size)
         else:

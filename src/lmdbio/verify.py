@@ -2,7 +2,7 @@
 
 The walk itself is C (csrc/verify.c): every tree (free DB, main DB, named
 DBs, duplicate sub-trees) is read page by page and checked against the
-format (lmdb-format.md): page headers and node bounds, depth, key order
+format (docs/format.md): page headers and node bounds, depth, key order
 within and across pages under each tree's comparator, overflow runs,
 sub-pages, database records and their counts, free-list records, and that
 every page up to ``mm_last_pg`` is reachable exactly once or listed free
@@ -29,6 +29,12 @@ USAGE = ("usage: %s [-n] [-s subdb] [-m max-problems] [--progress] "
 def verify(path, *, subdir=True, name=None, progress=None,
            progress_every=4096, max_problems=0):
     """Verify the newest snapshot of the environment at `path`.
+
+    ``subdir``: `path` is a directory (``True``) or the data file.
+    ``name``: check only this named database (bytes or str); default every
+    tree.  ``progress``: a callable ``progress(done, total)``, called every
+    ``progress_every`` pages read.  ``max_problems``: stop collecting after
+    this many problems (0: no limit).
 
     Returns ``(problems, stats)``: problems a list of ``(pgno, message)``
     (pgno None where no page applies), stats a dict (``pages_read``,
