@@ -616,3 +616,33 @@ cdef class BulkFile:
 
     def __dealloc__(self):
         self.close()
+
+
+def plan_reads(offsets, lengths, size_t max_gap, size_t max_read):
+    """The requests the C planner makes of these extents (ascending,
+    non-overlapping file ranges), coalesced with a gap tolerance and a
+    maximum request size: a list of (offset, length, segments).  For tests
+    and for the scale model: the Reader plans every read this way."""
+    cdef int64_t[::1] offs = np.ascontiguousarray(offsets, dtype=np.int64)
+    cdef int64_t[::1] lens = np.ascontiguousarray(lengths, dtype=np.int64)
+    cdef lio_plan plan
+    cdef size_t i, n = offs.shape[0]
+    cdef int rc = 0
+    cdef uint8_t *dst = NULL
+    if lens.shape[0] != n:
+        raise ValueError('offsets and lengths differ in length')
+    lio_plan_init(&plan, max_gap, max_read)
+    try:
+        for i in range(n):
+            if offs[i] < 0 or lens[i] < 0:
+                raise ValueError('negative offset or length')
+            # the destinations only need to be distinct: never written
+            dst = <uint8_t *>(<size_t>1 << 40) + <size_t>offs[i]
+            rc = lio_plan_add(&plan, <uint64_t>offs[i], dst, <size_t>lens[i])
+            if rc:
+                raise ValueError('extent %d overlaps or precedes the one '
+                                 'before it' % i)
+        return [(plan.reads[i].off, plan.reads[i].len, plan.reads[i].nseg)
+                for i in range(plan.nreads)]
+    finally:
+        lio_plan_free(&plan)

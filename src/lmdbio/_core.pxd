@@ -152,6 +152,9 @@ cdef extern from "lmdbio.h" nogil:
         size_t nreads
         lio_seg *segs
         size_t nsegs
+    void lio_plan_init(lio_plan *plan, size_t max_gap, size_t max_read)
+    void lio_plan_free(lio_plan *plan)
+    int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
     ctypedef int (*lio_run_fn)(void *ctx, const lio_plan *plan,
                                lio_error *err) noexcept nogil
     ctypedef void (*lio_advise_fn)(void *ctx, uint64_t off, uint64_t len,

@@ -306,6 +306,9 @@ class Reader:
         self.total_records = self._file.num_records
         self._order = None
         self._perm = None
+        # Windows read so far, and the largest (bytes of leaves, values and
+        # keys; batches): prefetching stays within prefetch_bytes.
+        self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0}
         max_gap, max_read, region, region_min = self._policy
         self._file.set_policy(max_gap, max_read)
         self._file.set_cache(region, region_min, cache == 'drop')
@@ -697,6 +700,10 @@ class Reader:
             with cond:
                 st['nbatch'] = max(1, min(2 * st['nbatch'],
                                           budget // per_batch))
+                ws = self.window_stats
+                ws['windows'] += 1
+                ws['max_bytes'] = max(ws['max_bytes'], size)
+                ws['max_batches'] = max(ws['max_batches'], len(batches))
 
         def produce(lane):
             try:

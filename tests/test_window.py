@@ -1,0 +1,340 @@
+"""The Reader's window path: several batches planned and read together.
+
+The window path must return exactly what reading one batch at a time
+returns (``Reader.read`` of the batch's ordinals, which is a window of one
+batch) and what py-lmdb's cursor walk says (the oracle), for any window
+size, order, shard and drop_last; the planner's requests must cover every
+needed range and read nothing outside the gap tolerance; a damaged page
+raises at the first batch that needs it, after every batch before it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import require_lmdbio
+from lmdb_fixtures import (
+    COMBOS_BY_ID, LmdbFile, patch, read_all_pylmdb,
+    write_env, write_items,
+)
+
+try:
+    import lmdbio
+    from lmdbio._bulk import BulkFile, plan_reads
+except Exception as exc:  # pragma: no cover - a broken build
+    if require_lmdbio():
+        raise
+    pytest.skip("lmdbio cannot be imported: %r" % (exc,), allow_module_level=True)
+
+PLAIN = COMBOS_BY_ID["plain"]
+DUPSORT = COMBOS_BY_ID["dupsort"]
+PAGE = 4096
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def oracle(path, db=None):
+    return read_all_pylmdb(path, names=(db,))[db]
+
+
+def spec_shard(n, p, r, shuffle, seed, epoch, drop_last, bs):
+    """The sharding rule, written independently of lmdbio."""
+    order = (np.random.default_rng([seed, epoch]).permutation(n).tolist()
+             if shuffle else list(range(n)))
+    if drop_last:
+        per = n // p
+        mine = [order[r * per + j] for j in range(per)]
+        return mine[:len(mine) // bs * bs]
+    per = -(-n // p)
+    return [order[(r * per + j) % n] for j in range(per)] if n else []
+
+
+def value_of(i, size):
+    unit = b"%07d|" % i
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+@st.composite
+def databases(draw):
+    """(ops, db name, spec): plain databases with inline and overflow
+    values inserted in random order (scattered leaves), or DUPSORT ones
+    whose keys have a few or hundreds of duplicates (sub-databases)."""
+    if draw(st.booleans()):
+        n = draw(st.integers(0, 400))
+        order = draw(st.permutations(range(n)))
+        size = st.sampled_from([0, 10, 300, 1000, 3 * PAGE + 5])
+        ops = [("put", b"k%05d" % i, value_of(i, draw(size))) for i in order]
+        return ops, None, PLAIN
+    ops = []
+    for i in range(draw(st.integers(1, 8))):
+        for j in range(draw(st.sampled_from([1, 3, 40, 300]))):
+            ops.append(("put", b"d%03d" % i, b"%05d" % j * 3))
+    return ops, b"dups", DUPSORT
+
+
+@settings(max_examples=60, deadline=None)
+@given(db=databases(), bs=st.sampled_from([1, 7, 64, 1000]),
+       prefetch=st.sampled_from([1, 8192, 1 << 20, 64 << 20]),
+       shuffle=st.booleans(), p=st.sampled_from([1, 3]),
+       drop_last=st.booleans(), seed=st.integers(0, 3))
+def test_windows_equal_batches_and_oracle(db, bs, prefetch, shuffle, p,
+                                          drop_last, seed):
+    ops, name, spec = db
+    with tempfile.TemporaryDirectory() as tmp:
+        write_env(tmp, {name: (spec, ops)}, txn_size=50)
+        items = oracle(tmp, name)
+        n = len(items)
+        for r in range(p):
+            want = spec_shard(n, p, r, shuffle, seed, 1, drop_last, bs)
+            with lmdbio.Reader(tmp, db=name, batch_size=bs, shuffle=shuffle,
+                               seed=seed, rank=r, world_size=p,
+                               drop_last=drop_last, prefetch_bytes=prefetch,
+                               index_cache=False) as reader:
+                reader.set_epoch(1)
+                got = []
+                for b in reader:
+                    got.extend(b.indices.tolist())
+                    assert len(b) <= bs
+                    # the window path against one batch at a time
+                    one = reader.read(b.indices)
+                    assert b.keys.tolist() == one.keys.tolist()
+                    assert b.values.tolist() == one.values.tolist()
+                    # and against py-lmdb
+                    assert b.keys.tolist() == [items[i][0] for i in b.indices]
+                    assert b.values.tolist() == [items[i][1]
+                                                 for i in b.indices]
+                assert got == want
+                assert reader.num_records == len(want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_read_window_any_batch_ends(tmp_path_factory, data):
+    """BulkFile.read_window with arbitrary batch boundaries (empty batches
+    and repeated ordinals included) equals read() of each batch alone."""
+    path = str(tmp_path_factory.mktemp("ends"))
+    items = [(b"k%04d" % i, value_of(i, [5, 900, 2 * PAGE][i % 3]))
+             for i in range(300)]
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        write_items(path, items)
+    f = BulkFile(os.path.join(path, "data.mdb"))
+    try:
+        assert f.snapshot(0)
+        f.build_index()
+        ords = np.array(data.draw(st.lists(st.integers(0, 299), max_size=200)),
+                        dtype=np.int64)
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(ords)),
+                                         max_size=8)))
+        ends = np.array(cuts + [len(ords)], dtype=np.intp)
+        keys = data.draw(st.booleans())
+        parts, leaf_bytes = f.read_window(ords, ends, keys)
+        assert len(parts) == len(ends)
+        start = 0
+        for (kd, ko, vd, vo), end in zip(parts, ends):
+            kd1, ko1, vd1, vo1 = f.read(ords[start:end], keys)
+            assert np.array_equal(vo, vo1) and bytes(vd) == bytes(vd1)
+            assert vo[0] == 0 and vo[-1] == len(vd)
+            if keys:
+                assert np.array_equal(ko, ko1) and bytes(kd) == bytes(kd1)
+            else:
+                assert kd is None and ko is None
+            for j, o in enumerate(ords[start:end]):
+                assert bytes(vd[vo[j]:vo[j + 1]]) == items[o][1]
+            start = end
+        # each distinct leaf read once
+        assert leaf_bytes % PAGE == 0
+        assert leaf_bytes <= PAGE * len(set(ords.tolist())) or len(ords) == 0
+    finally:
+        f.close()
+
+
+def test_read_window_rejects_bad_ends(tmp_path):
+    write_items(str(tmp_path), [(b"a", b"1"), (b"b", b"2")])
+    f = BulkFile(str(tmp_path / "data.mdb"))
+    try:
+        assert f.snapshot(0)
+        f.build_index()
+        with pytest.raises(ValueError):
+            f.read_window(np.array([0, 1]), np.array([1], dtype=np.intp))
+        with pytest.raises(lmdbio.Error):
+            f.read_window(np.array([0, 1]), np.array([2, 1, 2], dtype=np.intp))
+    finally:
+        f.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(extents=st.lists(st.tuples(st.integers(0, 20000), st.integers(0, 9000)),
+                        max_size=60),
+       max_gap=st.sampled_from([0, 1, 4096, 16384, 1 << 20]),
+       max_read=st.sampled_from([1, 4096, 65536, 8 << 20]))
+def test_planner_covers_needed_and_respects_gap(extents, max_gap, max_read):
+    """Every needed range lies inside exactly one request; a request only
+    bridges holes up to max_gap and grows past max_read only by a single
+    extent; two requests are separate only when joining them would break
+    one of those bounds."""
+    offs, lens, pos = [], [], 0
+    for gap, length in extents:
+        offs.append(pos + gap)
+        lens.append(length)
+        pos += gap + length
+    reads = plan_reads(offs, lens, max_gap, max_read)
+    # requests ascend without overlapping
+    for (o1, l1, _), (o2, _, _) in zip(reads, reads[1:]):
+        assert o1 + l1 <= o2
+    wanted = [(o, l) for o, l in zip(offs, lens) if l]
+    ri = 0
+    members = [[] for _ in reads]
+    for o, l in wanted:
+        while ri < len(reads) and reads[ri][0] + reads[ri][1] <= o:
+            ri += 1
+        assert ri < len(reads), "extent %r not read" % ((o, l),)
+        ro, rl, _ = reads[ri]
+        assert ro <= o and o + l <= ro + rl, "extent %r split" % ((o, l),)
+        members[ri].append((o, l))
+    for (ro, rl, _), mem in zip(reads, members):
+        assert mem, "a request reads nothing that was asked for"
+        assert mem[0][0] == ro and mem[-1][0] + mem[-1][1] == ro + rl
+        for (o1, l1), (o2, _) in zip(mem, mem[1:]):
+            assert o2 - (o1 + l1) <= max_gap
+        if len(mem) > 1:
+            assert rl <= max_read
+    # bytes read beyond what was asked for: holes of at most max_gap each
+    extra = sum(rl for _, rl, _ in reads) - sum(l for _, l in wanted)
+    assert extra <= max_gap * max(0, len(wanted) - len(reads))
+    for (o1, l1, _), (o2, l2, _) in zip(reads, reads[1:]):
+        assert o2 - (o1 + l1) > max_gap or l1 + (o2 - o1 - l1) + l2 > max_read \
+            or max_read < 1
+
+
+def test_planner_rejects_unsorted():
+    with pytest.raises(ValueError):
+        plan_reads([100, 50], [10, 10], 4096, 1 << 20)
+
+
+@pytest.fixture(scope="module")
+def scattered_env(tmp_path_factory):
+    """3,000 records inserted in random key order: key order jumps around
+    the file, the layout where windows matter."""
+    path = str(tmp_path_factory.mktemp("scattered"))
+    rng = np.random.default_rng(5)
+    items = [(b"r%06d" % i, value_of(i, 700)) for i in range(3000)]
+    write_items(path, [items[i] for i in rng.permutation(len(items))])
+    return path, items
+
+
+def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path):
+    """A leaf in the middle of a large window is damaged: every batch
+    before the one that needs it arrives intact, then that batch raises
+    naming the page."""
+    items = [(b"r%06d" % i, value_of(i, 500)) for i in range(2000)]
+    write_items(str(tmp_path), items)
+    lf = LmdbFile(str(tmp_path))
+    ordinal = {k: i for i, (k, _) in enumerate(items)}
+    leaf = next(p for p in lf.leaves()
+                if any(nd.key == items[1000][0] for nd in p.nodes))
+    bad = leaf.pgno
+    first_bad = min(ordinal[nd.key] for nd in leaf.nodes)
+    # the first node pointer aims into the page header: the leaf header
+    # (all the index reads) is intact, the node array is not
+    patch(lf.path, bad * lf.psize + 16, "<H", 2)
+    bs = 50
+    with lmdbio.Reader(str(tmp_path), batch_size=bs, index_cache=False,
+                       prefetch_bytes=64 << 20) as r:
+        got = []
+        with pytest.raises(lmdbio.CorruptedError, match=str(bad)):
+            for b in r:
+                assert b.values.tolist() == [items[i][1] for i in b.indices]
+                got.extend(b.indices.tolist())
+        assert got == list(range(first_bad // bs * bs))
+        assert r.window_stats["max_batches"] >= 4  # read in windows
+
+
+def test_windows_grow_and_stay_within_prefetch_bytes(scattered_env):
+    path, items = scattered_env
+    budget = 256 << 10
+    with lmdbio.Reader(path, batch_size=16, prefetch_bytes=budget,
+                       index_cache=False) as r:
+        n = sum(len(b) for b in r)
+        ws = r.window_stats
+    assert n == len(items)
+    assert ws["max_batches"] > 1          # batches were read together
+    one_batch = 16 * (700 + 16) + 16 * PAGE  # values, keys, a leaf each
+    assert ws["max_bytes"] <= budget // 4 + one_batch
+    with lmdbio.Reader(path, batch_size=16, prefetch_bytes=1,
+                       index_cache=False) as r:
+        assert sum(len(b) for b in r) == len(items)
+        assert r.window_stats["max_batches"] == 1   # never below one batch
+
+
+def test_shuffled_window_reads_each_leaf_once(scattered_env):
+    """A shuffled epoch read in one window reads each leaf it needs once,
+    not once per record."""
+    path, items = scattered_env
+    with lmdbio.Reader(path, batch_size=len(items), shuffle=True,
+                       index_cache=False, storage=(0, 1e9)) as r:
+        before = r.io_stats()
+        (b,) = list(r)
+        requests, nbytes = (x - y for x, y in zip(r.io_stats(), before))
+        leaves = r._file.num_leaves
+    assert sorted(b.indices.tolist()) == list(range(len(items)))
+    assert nbytes == leaves * PAGE            # each leaf once, no holes
+    assert requests <= leaves
+
+
+@pytest.mark.parametrize("cache", ["keep", "drop"])
+@pytest.mark.parametrize("storage", ["local", "network", (1e-4, 5e8)])
+def test_cache_and_storage_policies_read_the_same(scattered_env, cache,
+                                                  storage):
+    path, items = scattered_env
+    with lmdbio.Reader(path, batch_size=100, shuffle=True, cache=cache,
+                       storage=storage, index_cache=False) as r:
+        got = {}
+        for b in r:
+            got.update(zip(b.indices.tolist(), b.values.tolist()))
+    assert got == {i: v for i, (_, v) in enumerate(items)}
+
+
+@pytest.mark.parametrize("bad", [dict(cache="off"), dict(storage="tape"),
+                                 dict(storage=(1,)), dict(storage=(-1, 5)),
+                                 dict(storage=(1e-3, 0))])
+def test_bad_policy_is_one_clear_error(scattered_env, bad):
+    with pytest.raises(ValueError) as e:
+        lmdbio.Reader(scattered_env[0], index_cache=False, **bad)
+    assert "\n" not in str(e.value) and list(bad)[0] in str(e.value)
+
+
+def test_close_mid_window_stops_threads(scattered_env):
+    path, items = scattered_env
+    r = lmdbio.Reader(path, batch_size=8, shuffle=True, index_cache=False)
+    it = iter(r)
+    next(it)
+    next(it)
+    assert any(t.name == "lmdbio-prefetch" for t in threading.enumerate())
+    r.close()
+    assert not any(t.name == "lmdbio-prefetch" and t.is_alive()
+                   for t in threading.enumerate())
+    with pytest.raises(lmdbio.Error):
+        next(it)
+
+
+def test_abandoned_epoch_frees_lanes(scattered_env):
+    path, _ = scattered_env
+    with lmdbio.Reader(path, batch_size=8, index_cache=False) as r:
+        for _ in range(3):
+            it = iter(r)
+            next(it)
+            next(it)
+            it.close()   # leaves the epoch early
+            assert not any(t.name == "lmdbio-prefetch" and t.is_alive()
+                           for t in threading.enumerate())
+        assert sum(len(b) for b in r) == r.num_records
