@@ -3,7 +3,8 @@
 # and the package index).
 #
 #   make demo        build, then compare lmdbio with py-lmdb on a sample Caffe LMDB
-#   make test        all tests: pytest (no MPI), then tests/mpi under mpiexec -n 1, 2, 4
+#   make test        all tests: pytest (no MPI), the C lock-file tests against
+#                    the system liblmdb (tests/c), then tests/mpi under mpiexec -n 1, 2, 4
 #   make test-fast   pytest without the MPI runs
 #   make test-mpi    only the MPI runs
 #   make install     (re)build and install lmdbio into .venv (non-editable)
@@ -78,7 +79,12 @@ check-installed: $(INSTALL_STAMP)
 demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py
 
+# tests/c proves the lock protocol against the real liblmdb: it needs
+# liblmdb-dev (lmdb.h, -llmdb); without it `make test` stops and says so.
 test: test-fast test-mpi
+	@printf '#include <lmdb.h>\n' | $(CC) -E - >/dev/null 2>&1 || { \
+		echo "make test: tests/c needs liblmdb-dev (apt-get install liblmdb-dev)" >&2; exit 1; }
+	$(MAKE) -C tests/c test
 
 test-fast: check-installed
 	$(VPY) -m pytest tests --ignore=tests/mpi $(PYTEST_ARGS)

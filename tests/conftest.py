@@ -9,6 +9,7 @@
   restricts the list.  When lmdbio cannot be imported its cases are skipped
   locally but FAIL under CI (CI=true) or LMDBIO_REQUIRE=1, so a broken build
   can never pass as "skipped".
+* `require(name)`: importorskip that fails under CI / LMDBIO_REQUIRE.
 * The tests/ directory is importable (pytest puts it on sys.path), so test
   modules do `from lmdb_fixtures import ...`.
 """
@@ -57,6 +58,22 @@ def subject_names():
 
 def require_lmdbio() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("LMDBIO_REQUIRE"))
+
+
+def require(name: str, hint: str = ""):
+    """Import module NAME for a test module, like ``pytest.importorskip``,
+    except that under CI or LMDBIO_REQUIRE=1 (``make test``) a missing
+    module FAILS: there the test dependencies were installed, so a missing
+    one is a broken setup, never a reason to skip."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        msg = "%s cannot be imported (%s)%s" % (
+            name, exc, "; " + hint if hint else "")
+        if require_lmdbio():
+            pytest.fail(msg + " [CI / LMDBIO_REQUIRE: a missing test "
+                        "dependency fails]", pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
 
 
 def import_subject(name: str):

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import import_subject
+from conftest import import_subject, require
 
 FUZZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fuzz")
 REGRESSIONS = sorted(p for t in ("tree", "verify", "bulk")
@@ -153,7 +153,7 @@ def test_seed_reads_like_pylmdb(path, tmp_path):
 @pytest.mark.parametrize("path", DATUM_REGRESSIONS,
                          ids=[os.path.basename(p) for p in DATUM_REGRESSIONS])
 def test_datum_finding_is_handled(path):
-    datum = pytest.importorskip("lmdbio.datum")
+    datum = require("lmdbio.datum")
     data = open(path, "rb").read()
     try:
         datum.decode_one(data)
