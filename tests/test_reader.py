@@ -33,7 +33,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import require_lmdbio
+from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
     COMBOS_BY_ID, F_BIGDATA, FLAG_COMBOS, MDB_LOAD, OS_PAGE_SIZE, P_LEAF,
     LmdbFile, data_file, make_all_flags_env, patch, patch_page_header,
@@ -150,22 +150,6 @@ def val_of(key, size):
         return b""
     unit = key + b"#"
     return (unit * (size // len(unit) + 1))[:size]
-
-
-def spec_shard(n, p, r, shuffle, seed, epoch, drop_last, bs):
-    """api.md's sharding rule, written independently of lmdbio."""
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
-    else:
-        order = list(range(n))
-    if drop_last:
-        per = n // p
-        mine = [order[r * per + j] for j in range(per)]
-        mine = mine[:len(mine) // bs * bs]
-    else:
-        per = -(-n // p)
-        mine = [order[(r * per + j) % n] for j in range(per)] if n else []
-    return mine
 
 
 def run_py(code, *args, timeout=120, env_extra=None):
