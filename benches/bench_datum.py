@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Caffe Datum benchmarks (docs/benchmarks.md targets), side by side and
+"""Caffe Datum benchmarks, side by side and
 interleaved in one process:
 
 1. decode: one CIFAR-like batch of 50k Datums (3x32x32) already in memory
