@@ -673,12 +673,10 @@ class Suite:
             if name == "pread":
                 self.rows.append(Row(name, None, spec, desc["file_bytes"], "bytes"))
                 continue
-            if name in SHARD_PEERS:
-                start, per = shard_start(n, rank, world)
-                expect = min(bs, per)
-                if name == "caffe-shard":
-                    expect = min(bs, len(range(rank, n, world)))
-                spec["batch"] = bs
+            if name == "caffe-shard":
+                expect = min(bs, len(range(rank, n, world)))
+            elif name in SHARD_PEERS:
+                expect = min(bs, shard_start(n, rank, world)[1])
             else:
                 expect = n
             if name in READER_PEERS:
@@ -698,8 +696,7 @@ class Suite:
                 if self.keys is None:
                     ks = all_keys(pylmdb_module(), self.path, open_kw)
                     self.keys = [ks[i] for i in shuffled_order(len(ks)).tolist()]
-                    spec_file = os.path.join(self.workdir, "keys.bin")
-                    save_keys(self.keys, spec_file)
+                    save_keys(self.keys, os.path.join(self.workdir, "keys.bin"))
                 spec["keys_file"] = os.path.join(self.workdir, "keys.bin")
             self.rows.append(Row(name, None, spec, expect, "records"))
 
