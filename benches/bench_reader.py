@@ -167,11 +167,11 @@ def page_cache(path, rounds=1, log=None):
 
 
 def format_page_cache(rows, modes) -> str:
-    hdr = (f"{'peer':8s} {'cache=':7s} {'file MB':>8s} {'peak MB':>8s} "
+    hdr = (f"{'peer':8s} {'cache=':9s} {'file MB':>8s} {'peak MB':>8s} "
            f"{'after MB':>8s} {'after/file':>10s} {'Cached +MB':>10s} {'s':>7s}")
     out = [hdr, "-" * len(hdr)]
     for r in rows:
-        out.append(f"{r['peer']:8s} {str(r['cache'] or '(default)'):7s} "
+        out.append(f"{r['peer']:8s} {str(r['cache'] or '(default)'):9s} "
                    f"{r['file_MB']:>8.0f} {r['peak_MB']:>8.0f} "
                    f"{r['after_MB']:>8.0f} {r['after_MB'] / r['file_MB']:>10.2f} "
                    f"{r['meminfo_growth_MB']:>10.0f} {r['seconds']:>7.2f}")
