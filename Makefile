@@ -4,7 +4,8 @@
 #
 #   make demo        build, then compare lmdbio with py-lmdb on a sample Caffe LMDB
 #                    (installs only requirements-build.txt: no torch, no OpenCV)
-#   make test        all tests: pytest (no MPI), then tests/mpi under mpiexec -n 1, 2, 4
+#   make test        all tests: pytest (no MPI), the C lock-file tests against
+#                    the system liblmdb (tests/c), then tests/mpi under mpiexec -n 1, 2, 4
 #   make test-fast   pytest without the MPI runs
 #   make docs        the documentation site (docs/, MkDocs) into build/docs
 #   make stubtest    the type stubs of the compiled modules against the build
@@ -101,7 +102,12 @@ check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py
 
+# tests/c proves the lock protocol against the real liblmdb: it needs
+# liblmdb-dev (lmdb.h, -llmdb); without it `make test` stops and says so.
 test: test-fast test-mpi
+	@printf '#include <lmdb.h>\n' | $(CC) -E - >/dev/null 2>&1 || { \
+		echo "make test: tests/c needs liblmdb-dev (apt-get install liblmdb-dev)" >&2; exit 1; }
+	$(MAKE) -C tests/c test
 
 # The documentation site (docs/, mkdocs.yml) into build/docs, warnings as
 # errors.  The API reference comes from the installed package's docstrings.

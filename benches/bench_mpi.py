@@ -13,7 +13,15 @@ ranks-per-node, P, round and peer (peers interleaved, order alternating
 between rounds), ``mpiexec -n P python bench_mpi.py --worker ...`` from the
 venv's mpich wheel, after making the storage cold, and prints one table.
 
-Peers (one epoch each, every record of the database read once overall):
+Peers (one epoch each, every record of the database read once overall;
+each lmdbio peer in two forms, side by side: PEER/first = a first start,
+the record index built inside the timed run from an empty index cache (a
+new directory per run), its reads going through the same storage as the
+data's and counted with them (under a communicator the build is
+cooperative: each rank parses part of the leaves); PEER/later = a later
+start, the index cache filled before the rounds and loaded in the run: on
+fuse from a directory read through the same mount (a shared home), on the
+local disk from a local directory evicted with data.mdb before each run):
 
   caffe       each rank walks the whole py-lmdb cursor and keeps i % P == rank
               (Caffe's DataReader with P solvers)
@@ -38,8 +46,8 @@ Storage:
          is evicted before each run; the backing file stays in the host's
          cache, so the emulated storage costs the delay, not the disk)
 
-Columns: wall = epoch wall time (barrier to barrier, open with the cached
-index included; max over ranks), x caffe / x dali = t(peer)/t(row) in the
+Columns: wall = epoch wall time (barrier to barrier, open and the index
+(built or loaded) included; max over ranks), x caffe / x dali = t(peer)/t(row) in the
 same round, median over rounds; storage MB = bytes that reached storage,
 summed over ranks: /proc/self/io read_bytes on local disk, the FUSE daemons'
 byte counters on fuse; "x file" = that / data.mdb size; requests = read
@@ -73,6 +81,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PEERS = ["caffe", "dali", "posix", "mpiio", "node_local"]
 RESULT_TAG = "BENCH_MPI_RESULT "
+READER_PEERS = ("posix", "mpiio", "node_local", "node_local_posix")
+FORMS = ("first", "later")
+LATER_DIR = ".lmdbio-bench-index"  # the later start's cache, next to the data (fuse)
 
 # MPICH busy-polls while waiting; on an oversubscribed machine make it yield.
 MPI_ENV = {"MPIR_CVAR_POLLS_BEFORE_YIELD": "10",
@@ -204,8 +215,15 @@ def worker(a):
     comm.Barrier()
     rb0, mf0, c0 = _read_bytes(), _majflt(), time.process_time()
     t0 = time.perf_counter()
+    caches = (a.index_cache or "").split(",")
+    index_cache = caches[min(rank // a.rpn, len(caches) - 1)] or False
+    if index_cache and a.per_rank_cache:
+        # independent ranks on a first start: each builds its own index
+        # (with one shared empty directory the later ranks could load the
+        # first one's, which would no longer be a first start)
+        index_cache = os.path.join(index_cache, f"rank{rank}")
     kept, extra = fn(path, rank, size, a.records, a.batch_size, comm, a.rpn,
-                     a.index_cache or False)
+                     index_cache)
     t_rank = time.perf_counter() - t0
     comm.Barrier()
     wall = time.perf_counter() - t0
@@ -249,7 +267,7 @@ def _venv_bin(name):
     return cand if os.path.exists(cand) else shutil.which(name)
 
 
-def launch(a, peer, size, paths, rpn, index_cache, timeout=900):
+def launch(a, peer, size, paths, rpn, index_cache, timeout=900, per_rank=False):
     mpiexec = _venv_bin("mpiexec")
     if mpiexec is None:
         raise SystemExit("no mpiexec (pip install mpich)")
@@ -259,6 +277,8 @@ def launch(a, peer, size, paths, rpn, index_cache, timeout=900):
            "--batch-size", str(a.batch_size)]
     if index_cache:
         cmd += ["--index-cache", index_cache]
+    if per_rank:
+        cmd += ["--per-rank-cache"]
     env = dict(os.environ)
     env.update(MPI_ENV)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -300,16 +320,29 @@ class Storage:
             return [self.source]
         return [m.mountpoint for m in self.mounts[:nodes]]
 
-    def make_cold(self):
+    def index_caches(self, nodes, work):
+        """Per node: (directory the later start loads the index cache from,
+        directory an untimed run writes it to).  fuse: a directory next to
+        the data, read through node k's mount (a shared home directory);
+        local: a local directory."""
         if self.kind == "local":
-            # Only the data file: drop_caches would also evict Python's and
-            # the libraries' files, whose re-reading would be counted as
-            # the ranks' storage reads (and time).
-            fd = os.open(os.path.join(self.source, "data.mdb"), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            d = os.path.join(work, "index-later")
+            return [(d, d)]
+        d = os.path.join(self.source, LATER_DIR)
+        return [(os.path.join(m.mountpoint, LATER_DIR), d)
+                for m in self.mounts[:nodes]]
+
+    def make_cold(self, extra_files=()):
+        if self.kind == "local":
+            # Only the data file and the index cache: drop_caches would also
+            # evict Python's and the libraries' files, whose re-reading
+            # would be counted as the ranks' storage reads (and time).
+            for f in [os.path.join(self.source, "data.mdb"), *extra_files]:
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
             return
         # keep the backing file hot on the host; empty every node's cache
         with open(os.path.join(self.source, "data.mdb"), "rb") as f:
@@ -337,6 +370,17 @@ class Storage:
                 print(f"[bench_mpi] unmounting {m.mountpoint}: {e}",
                       file=sys.stderr)
         self.mounts = []
+
+
+def prime_later(paths, later):
+    """Untimed: write the later start's index cache of each node's path
+    (through that node's mount on fuse: the cache names the file it
+    indexes)."""
+    import lmdbio
+    for path, (_, write_dir) in zip(paths, later):
+        os.makedirs(write_dir, exist_ok=True)
+        with lmdbio.Reader(path, lock=False, index_cache=write_dir):
+            pass
 
 
 def summarize(run, file_bytes):
@@ -371,7 +415,6 @@ def driver(a):
     peers = [p for p in a.peers.split(",") if p]
     rpns = [int(x) for x in a.ranks_per_node.split(",")]
     work = tempfile.mkdtemp(prefix="lmdbio-bench-mpi-")
-    cache = os.path.join(work, "index-cache")
     results = []
 
     def log(msg):
@@ -392,18 +435,34 @@ def driver(a):
                 for size, rpn, nodes in configs:
                     paths = st.paths(nodes)
                     # one reader per node only where a node has ranks to share
-                    ps = [p for p in peers
-                          if rpn > 1 or not p.startswith("node_local")]
-                    # untimed warm-up: writes the cached index per path
-                    for p in ps:
-                        if p in ("posix", "mpiio") or p.startswith("node_local"):
-                            launch(a, p, size, paths, rpn, cache)
+                    base = [p for p in peers
+                            if rpn > 1 or not p.startswith("node_local")]
+                    ps = [f"{p}/{form}" if p in READER_PEERS else p
+                          for p in base
+                          for form in (FORMS if p in READER_PEERS else (None,))]
+                    later = st.index_caches(nodes, work)
+                    if any(p.endswith("/later") for p in ps):
+                        prime_later(paths, later)
+                    later_files = [os.path.join(w, f) for _, w in later
+                                   for f in os.listdir(w)] if kind == "local" else []
                     runs = {p: [] for p in ps}
                     for rnd in range(a.rounds):
                         for p in (ps if rnd % 2 == 0 else ps[::-1]):
-                            st.make_cold()
+                            peer, _, form = p.partition("/")
+                            cache = None
+                            if form == "first":
+                                cache = tempfile.mkdtemp(prefix="first-", dir=work)
+                            elif form == "later":
+                                cache = ",".join(r for r, _ in later)
+                            st.make_cold(later_files)
                             r0, b0 = st.counters()
-                            ranks = launch(a, p, size, paths, rpn, cache)
+                            try:
+                                ranks = launch(a, peer, size, paths, rpn, cache,
+                                               per_rank=(form == "first" and
+                                                         peer == "posix"))
+                            finally:
+                                if form == "first":
+                                    shutil.rmtree(cache, ignore_errors=True)
                             r1, b1 = st.counters()
                             run = dict(ranks=ranks, storage_requests=r1 - r0,
                                        storage_bytes=(b1 - b0) if kind == "fuse"
@@ -413,10 +472,15 @@ def driver(a):
                             if s["kept"] < a.n_records:
                                 raise RuntimeError(f"{p}: {s['kept']} of "
                                                    f"{a.n_records} records")
+                            hits = {x.get("index_from_cache") for x in ranks}
+                            if form and hits != {form == "later"}:
+                                raise RuntimeError(
+                                    f"{p}: index_from_cache {sorted(hits)} on a "
+                                    f"{form} start")
                             run["summary"] = s
                             runs[p].append(run)
                             log(f"  {kind:5s} rpn={rpn} P={size} round {rnd + 1} "
-                                f"{p:10s} wall {s['wall']:7.3f} s  storage "
+                                f"{p:18s} wall {s['wall']:7.3f} s  storage "
                                 f"{s['storage_bytes'] / 1e6:8.1f} MB "
                                 f"req {s['storage_requests']:7d} "
                                 f"app req {s['app_requests']:7d}")
@@ -424,6 +488,7 @@ def driver(a):
                                         nodes=nodes, runs=runs))
             finally:
                 st.close()
+                shutil.rmtree(os.path.join(src, LATER_DIR), ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     info = benchlib.machine_info()
@@ -448,17 +513,21 @@ def format_header(info):
             f"oversubscribed: wall times include waiting for a core)\n"
             f"# dataset {info['dataset']}: {info['records']} records, data.mdb "
             f"{info['file_bytes'] / 1e6:.1f} MB; Reader batch_size "
-            f"{info['batch_size']} per rank, index cached; fuse: "
+            f"{info['batch_size']} per rank; fuse: "
             f"{info['delay_ms']} ms per read request"
             + (f", {info['mbps']} MB/s per mount" if info['mbps'] else "")
             + f"; {info['rounds']} rounds interleaved, cold before each run; "
             f"load {os.getloadavg()[0]:.2f}\n"
             f"# median over rounds; x caffe / x dali = median of "
-            f"t(peer)/t(row) in the same round (>1 = row faster)\n")
+            f"t(peer)/t(row) in the same round (>1 = row faster)\n"
+            f"# PEER/first = first start: the index built in the run from an "
+            f"empty cache, its reads through the same storage, counted; "
+            f"PEER/later = later start: the index cache loaded"
+            f" (fuse: through the mount; local: evicted before each run)\n")
 
 
 def format_table(results, file_bytes):
-    hdr = (f"{'storage':7s} {'nodes':>5s} {'P':>2s} {'peer':11s} "
+    hdr = (f"{'storage':7s} {'nodes':>5s} {'P':>2s} {'peer':22s} "
            f"{'wall s':>7s} {'x caffe':>15s} {'x dali':>15s} "
            f"{'storage MB':>10s} {'x file':>6s} {'requests':>9s} "
            f"{'app req':>8s} {'cpu s':>6s}")
@@ -476,7 +545,7 @@ def format_table(results, file_bytes):
         for p, rs in runs.items():
             s = [r["summary"] for r in rs]
             out.append(
-                f"{res['storage']:7s} {res['nodes']:>5d} {res['size']:>2d} {p:11s} "
+                f"{res['storage']:7s} {res['nodes']:>5d} {res['size']:>2d} {p:22s} "
                 f"{_med([x['wall'] for x in s]):>7.3f} {ratio('caffe', p):>15s} "
                 f"{ratio('dali', p):>15s} "
                 f"{_med([x['storage_bytes'] for x in s]) / 1e6:>10.1f} "
@@ -497,6 +566,7 @@ def main(argv=None):
     ap.add_argument("--paths", help=argparse.SUPPRESS)
     ap.add_argument("--rpn", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--index-cache", help=argparse.SUPPRESS)
+    ap.add_argument("--per-rank-cache", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dataset", default="small")
     ap.add_argument("--records", type=int, default=200_000, dest="n_records",
                     help="records of the dataset (default 200000)")

@@ -3,42 +3,41 @@
 
 pytest-benchmark (``pytest benches/bench_reader.py --benchmark-only``):
 
-- ``reader-<dataset>-<hot|cold>``: one epoch through ``Reader`` next to
-  the raw sequential pread of data.mdb (page-aligned 4 MiB blocks) and
-  py-lmdb's ``for k, v in txn.cursor()``, on small, big (batch_size auto:
-  about 4 MiB batches, 23 records) and shuffled (scattered leaves);
-- ``shuffled-epoch-<hot|cold>``: ``Reader(shuffle=True)`` next to a
-  py-lmdb ``txn.get`` loop in the same order (small);
+- ``reader-<dataset>-<hot|cold>``: one epoch through ``Reader`` (first
+  start: empty index cache; later start: cache filled) next to the raw
+  sequential pread of data.mdb and py-lmdb's ``for k, v in txn.cursor()``,
+  on small, big (batch_size auto: about 4 MiB batches) and shuffled;
+- ``shuffled-epoch-<hot|cold>``: ``Reader(shuffle=True)`` (both starts)
+  next to a py-lmdb ``txn.get`` loop in the same order (small);
 - ``shard-start-<N>``: the first batch of the last shard (rank 7 of 8),
-  hot: DALI-style (py-lmdb cursor stepped ``next()`` to the shard start,
-  then a batch read), ``Reader`` on a first start (``index_cache=False``:
-  every leaf header before the shard is read) and with the cached index;
-- ``rss-<dataset>``: peak RSS of a full scan, in a fresh subprocess
-  (``extra_info``: peak and growth over the interpreter's baseline, MB).
+  hot: DALI-style, Caffe-style and the Reader (both starts);
+- ``rss-<dataset>``: peak RSS of a full scan, in a fresh subprocess.
 
+The peers are lmdbio.bench's (``lmdbio bench``): one home for what is timed.
 pytest-benchmark runs one peer's rounds back to back; the ratios quoted in
-the notes come from interleaved runs in one process:
+the notes come from interleaved runs:
 
-    python benches/compare.py ...                  # scans (lmdbio bench)
-    python benches/bench_reader.py shard-start [--records 10000,100000,1000000]
+    python benches/compare.py --fresh ...           # scans, shuffled, shard starts
+    python benches/bench_reader.py shard-start [--records 10000,100000,1000000] [--fresh]
     python benches/bench_reader.py rss [--datasets big-300,big,small-50000,small]
+    python benches/bench_reader.py page-cache [--dataset small] [--records N]
 
-``shard-start`` interleaves DALI-style, Reader first start and Reader with
-cached index per N and round (hot: one untimed warm-up of each); ``rss``
-runs every (peer, dataset) in a fresh subprocess and prints peak RSS next
-to the file size.
+``shard-start`` is ``lmdbio bench --peers dali-shard,caffe-shard,reader-shard``
+on the small dataset at each N; ``rss`` runs every (peer, dataset) in a
+fresh subprocess and prints peak RSS next to the file size; ``page-cache``
+measures how much of data.mdb one epoch leaves in the page cache, with
+``Reader(cache="keep")`` and ``cache="drop"`` (where the Reader has that
+argument) next to py-lmdb's cursor walk.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import itertools
+import inspect
 import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,124 +51,133 @@ import benchlib  # noqa: E402
 
 bench = benchlib.bench
 
-SHARD_RANK, SHARD_WORLD, SHARD_BATCH = 7, 8, 256
+SHARD_PEERS = ["dali-shard", "caffe-shard", "reader-shard"]
 
 # --------------------------------------------------------------------------
-# peers of the shard-start figure
+# shard start: lmdbio bench's shard peers at several N
 # --------------------------------------------------------------------------
 
 
-def dali_first_batch(path, rank=SHARD_RANK, world=SHARD_WORLD,
-                     batch_size=SHARD_BATCH):
-    """DALI-style: open, step the cursor from the first record to this
-    rank's shard start (api.md's rule: start = rank * ceil(N / world)), then
-    read one batch.  The steps run inside py-lmdb's C iterator (keys only,
-    consumed by a C-level deque), the cheapest walk py-lmdb offers: close to
-    DALI's C++ loop of mdb_cursor_get(MDB_NEXT).  Returns the batch size."""
-    lmdb = bench.pylmdb_module()
-    env = lmdb.open(path, **bench.OPEN_KW)
+def shard_start(records=(10_000, 100_000, 1_000_000), rounds=5, fresh=False,
+                modes=("hot",), log=None):
+    paths = [benchlib.dataset_path("small", n) for n in records]
+    return bench.compare(paths, modes, SHARD_PEERS, rounds, fresh=fresh,
+                         log=log)
+
+
+# --------------------------------------------------------------------------
+# the page cache over an epoch: Reader(cache="keep" | "drop")
+# --------------------------------------------------------------------------
+
+
+def reader_cache_modes(mod=None):
+    """The Reader's ``cache=`` choices when it has that argument, else []
+    (an lmdbio without it: only its default is measured)."""
+    mod = mod or bench.lmdbio_module()
     try:
-        with env.begin() as txn:
-            n = txn.stat()["entries"]
-            start = rank * -(-n // world)
-            cur = txn.cursor()
-            cur.first()
-            collections.deque(itertools.islice(
-                cur.iternext(keys=True, values=False), start), maxlen=0)
-            batch = [kv for kv in itertools.islice(cur.iternext(), batch_size)]
-    finally:
-        env.close()
-    return len(batch)
+        params = inspect.signature(mod.Reader).parameters
+    except (TypeError, ValueError):
+        return []
+    return ["keep", "drop"] if "cache" in params else []
 
 
-def reader_first_batch(path, index_cache, rank=SHARD_RANK, world=SHARD_WORLD,
-                       batch_size=SHARD_BATCH):
-    """Reader: open (index from the cache, or built), first batch of the
-    shard.  Returns (batch size, seconds to the first batch, index from
-    cache); closing (stopping the prefetch thread) is not timed."""
-    mod = bench.lmdbio_module()
+def meminfo_cached_kib():
+    """/proc/meminfo's Cached (the whole machine's page cache, KiB)."""
+    with open("/proc/meminfo") as f:
+        for ln in f:
+            if ln.startswith("Cached:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def page_cache_epoch(path, peer, cache=None, batch=None, samples=50,
+                     index_cache=None):
+    """Drop the page cache, run one epoch of PEER, and sample data.mdb's
+    resident share (mincore, benchlib.cached_fraction) as it goes.
+    Returns resident MB before / peak / after, the machine's Cached growth
+    and the time.  PEER: "reader" (``cache=`` passed only when given) or
+    "py-lmdb" (cursor walk; its residency is sampled every 1/samples of the
+    records)."""
+    desc = bench.describe(path)
+    n = desc["records"]
+    mb = desc["file_bytes"] / 1e6
+    bench.drop_cache(path, *(index_cache and [os.path.join(index_cache, f)
+                                              for f in os.listdir(index_cache)] or []))
+    before = benchlib.cached_fraction(path) * mb
+    m0 = meminfo_cached_kib()
+    peak = before
+    every = max(1, n // samples)
     t0 = time.perf_counter()
-    r = mod.Reader(path, rank=rank, world_size=world, batch_size=batch_size,
-                   lock=False, index_cache=index_cache)
+    seen = 0
+    if peer == "reader":
+        mod = bench.lmdbio_module()
+        kw = dict(lock=False, index_cache=index_cache or False)
+        if cache is not None:
+            kw["cache"] = cache
+        bs = batch or bench.auto_batch_size(desc)
+        with mod.Reader(path, batch_size=bs, **kw) as r:
+            nxt = every
+            for b in r:
+                seen += len(b)
+                if seen >= nxt:
+                    peak = max(peak, benchlib.cached_fraction(path) * mb)
+                    nxt += every
+    else:
+        lmdb = bench.pylmdb_module()
+        env = lmdb.open(path, **bench.OPEN_KW)
+        try:
+            with env.begin() as txn:
+                for _ in txn.cursor():
+                    seen += 1
+                    if seen % every == 0:
+                        peak = max(peak, benchlib.cached_fraction(path) * mb)
+        finally:
+            env.close()
+    dt = time.perf_counter() - t0
+    after = benchlib.cached_fraction(path) * mb
+    if seen != n:
+        raise RuntimeError(f"{peer}: {seen} records, expected {n}")
+    return dict(peer=peer, cache=cache, file_MB=mb, before_MB=before,
+                peak_MB=max(peak, after), after_MB=after,
+                meminfo_growth_MB=(meminfo_cached_kib() - m0) * 1024 / 1e6,
+                seconds=dt)
+
+
+def page_cache(path, rounds=1, log=None):
+    """Interleaved: py-lmdb, the Reader by default, and with each cache=
+    mode the Reader accepts; index cache filled first (a later start: the
+    figure is the epoch's reads, not the index build's)."""
+    modes = reader_cache_modes()
+    runs = [("py-lmdb", None), ("reader", None)] + [("reader", m) for m in modes]
+    idx = tempfile.mkdtemp(prefix="lmdbio-bench-index-")
     try:
-        b = next(iter(r))
-        dt = time.perf_counter() - t0
-        return len(b.indices), dt, r.index_from_cache
+        with bench.lmdbio_module().Reader(path, lock=False, index_cache=idx):
+            pass
+        rows = []
+        for r in range(rounds):
+            for peer, mode in (runs if r % 2 == 0 else runs[::-1]):
+                res = page_cache_epoch(path, peer, mode, index_cache=idx)
+                rows.append(res)
+                if log:
+                    log(f"  round {r + 1} {peer:8s} cache={mode}: peak "
+                        f"{res['peak_MB']:.0f} MB, after {res['after_MB']:.0f} MB")
     finally:
-        r.close()
+        shutil.rmtree(idx, ignore_errors=True)
+    return rows, modes
 
 
-def _shard_peers(path, cache_dir):
-    """name -> fn() -> (count, seconds)."""
-    def dali():
-        t0 = time.perf_counter()
-        n = dali_first_batch(path)
-        return n, time.perf_counter() - t0
-
-    def first():
-        n, dt, cached = reader_first_batch(path, False)
-        assert not cached
-        return n, dt
-
-    def cached():
-        n, dt, hit = reader_first_batch(path, cache_dir)
-        if not hit:
-            raise RuntimeError("the cached index was not used")
-        return n, dt
-
-    return {"dali-style": dali, "reader-first": first, "reader-cached": cached}
-
-
-def shard_start(records=(10_000, 100_000, 1_000_000), rounds=5, log=None):
-    """Interleaved: per N, every peer once per round (order alternating);
-    one untimed warm-up each (hot; it also writes the cached index)."""
-    results = []
-    cache_dir = tempfile.mkdtemp(prefix="lmdbio-bench-index-")
-    try:
-        for n in records:
-            path = benchlib.dataset_path("small", n)
-            peers = _shard_peers(path, cache_dir)
-            for name, fn in peers.items():  # warm-up
-                if name == "reader-cached":
-                    reader_first_batch(path, cache_dir)
-                fn()
-            runs = {k: [] for k in peers}
-            names = list(peers)
-            for r in range(rounds):
-                for name in (names if r % 2 == 0 else names[::-1]):
-                    c0 = time.process_time()
-                    cnt, dt = peers[name]()
-                    cpu = time.process_time() - c0
-                    if cnt != SHARD_BATCH:
-                        raise RuntimeError(f"{name}: batch of {cnt}")
-                    runs[name].append(dict(seconds=dt, cpu=cpu))
-                    if log:
-                        log(f"  N={n:>8d} round {r + 1}/{rounds} {name:14s} "
-                            f"{dt * 1e3:9.2f} ms")
-            results.append(dict(records=n, path=path, runs=runs))
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
-    return results
-
-
-def format_shard_start(results) -> str:
-    hdr = (f"{'N':>9s} {'peer':14s} {'ms (median)':>11s} {'cpu ms':>8s} "
-           f"{'x dali-style (min-max)':>24s} {'x N=first':>9s}")
+def format_page_cache(rows, modes) -> str:
+    hdr = (f"{'peer':8s} {'cache=':9s} {'file MB':>8s} {'peak MB':>8s} "
+           f"{'after MB':>8s} {'after/file':>10s} {'Cached +MB':>10s} {'s':>7s}")
     out = [hdr, "-" * len(hdr)]
-    first_t = {}
-    for res in results:
-        dali = res["runs"]["dali-style"]
-        for name, rs in res["runs"].items():
-            t = statistics.median(x["seconds"] for x in rs)
-            cpu = statistics.median(x["cpu"] for x in rs)
-            ratios = [a["seconds"] / b["seconds"] for a, b in zip(dali, rs)]
-            first_t.setdefault(name, t)
-            rt = (f"{statistics.median(ratios):.1f} ({min(ratios):.1f}-"
-                  f"{max(ratios):.1f})")
-            out.append(f"{res['records']:>9d} {name:14s} {t * 1e3:>11.2f} "
-                       f"{cpu * 1e3:>8.2f} {rt:>24s} "
-                       f"{t / first_t[name]:>9.2f}")
-        out.append("")
+    for r in rows:
+        out.append(f"{r['peer']:8s} {str(r['cache'] or '(default)'):9s} "
+                   f"{r['file_MB']:>8.0f} {r['peak_MB']:>8.0f} "
+                   f"{r['after_MB']:>8.0f} {r['after_MB'] / r['file_MB']:>10.2f} "
+                   f"{r['meminfo_growth_MB']:>10.0f} {r['seconds']:>7.2f}")
+    if not modes:
+        out.append("# this lmdbio's Reader has no cache= argument: only its "
+                   "default is measured")
     return "\n".join(out) + "\n"
 
 
@@ -256,74 +264,70 @@ except ImportError:  # running the command line without pytest
 
 if pytest is not None:
 
-    SCAN_PEERS = ["pread", "py-lmdb", "lmdbio-reader"]
+    SCAN_ROWS = ["pread", "py-lmdb", "lmdbio-reader/first", "lmdbio-reader/later"]
 
-    def _run_peer(benchmark, cold_cache, rounds, path, desc, peer, cond,
-                  group):
-        p = bench.make_peers([peer], desc)[peer]
-        expect = desc["file_bytes"] if p.unit == "bytes" else desc["records"]
-        if p.prime:
-            p.prime(path)
-        benchmark.group = group
-        benchmark.extra_info.update(peer=peer, cond=cond,
-                                    records=desc["records"],
-                                    file_bytes=desc["file_bytes"],
-                                    batch_size=p.batch)
-        if cond == "hot":
-            assert p.fn(path) == expect
-            result = benchmark.pedantic(p.fn, args=(path,),
-                                        rounds=rounds["hot"], iterations=1)
-        else:
-            methods = set()
+    def _run_row(benchmark, cold_cache, rounds, path, row_name, cond, group):
+        """One row of lmdbio.bench's suite under pytest-benchmark: a first
+        start gets a new empty index cache before every round (untimed)."""
+        desc = bench.describe(path)
+        suite = bench.Suite([row_name.split("/")[0]], desc)
+        try:
+            row = next(r for r in suite.rows if r.name == row_name)
+            suite.prime()
+            benchmark.group = group
+            benchmark.extra_info.update(peer=row_name, cond=cond,
+                                        records=desc["records"],
+                                        file_bytes=desc["file_bytes"],
+                                        batch_size=row.batch)
+            specs = []
 
             def setup():
-                methods.add(cold_cache.drop(path))
+                if specs:
+                    suite.done(specs.pop())
+                specs.append(suite.run_spec(row))
+                if cond == "cold":
+                    benchmark.extra_info["cold_method"] = cold_cache.drop(
+                        path, *suite.cache_files())
+                return (bench.prepare(specs[-1], suite.keys),), {}
 
-            result = benchmark.pedantic(p.fn, args=(path,), setup=setup,
-                                        rounds=rounds["cold"], iterations=1)
-            benchmark.extra_info["cold_method"] = ",".join(sorted(methods))
-        assert result == expect
-        st = getattr(benchmark.stats, "stats", None)
-        if st is not None and st.median > 0:
-            benchmark.extra_info["records_per_s_median"] = desc["records"] / st.median
-            benchmark.extra_info["file_GBps_median"] = desc["file_bytes"] / st.median / 1e9
+            def run(fn):
+                return fn()[0]
+
+            if cond == "hot":
+                args, _ = setup()
+                assert run(*args) == row.expect
+            result = benchmark.pedantic(run, setup=setup,
+                                        rounds=rounds[cond], iterations=1)
+            assert result == row.expect
+        finally:
+            suite.close()
 
     @pytest.mark.parametrize("cond", ["hot", "cold"])
     @pytest.mark.parametrize("dataset", ["small", "big", "shuffled"])
-    @pytest.mark.parametrize("peer", SCAN_PEERS)
+    @pytest.mark.parametrize("row", SCAN_ROWS)
     def test_reader_scan(benchmark, lmdbio_mod, bench_dataset, cold_cache,
-                         rounds, peer, dataset, cond):
-        path = bench_dataset(dataset)
-        _run_peer(benchmark, cold_cache, rounds, path, bench.describe(path),
-                  peer, cond, f"reader-{dataset}-{cond}")
+                         rounds, row, dataset, cond):
+        _run_row(benchmark, cold_cache, rounds, bench_dataset(dataset), row,
+                 cond, f"reader-{dataset}-{cond}")
 
     @pytest.mark.parametrize("cond", ["hot", "cold"])
-    @pytest.mark.parametrize("peer", ["py-lmdb-get", "lmdbio-shuffled"])
+    @pytest.mark.parametrize("row", ["py-lmdb-get", "lmdbio-shuffled/first",
+                                     "lmdbio-shuffled/later"])
     def test_shuffled_epoch(benchmark, lmdbio_mod, bench_dataset, cold_cache,
-                            rounds, peer, cond):
-        path = bench_dataset("small")
-        _run_peer(benchmark, cold_cache, rounds, path, bench.describe(path),
-                  peer, cond, f"shuffled-epoch-{cond}")
+                            rounds, row, cond):
+        _run_row(benchmark, cold_cache, rounds, bench_dataset("small"), row,
+                 cond, f"shuffled-epoch-{cond}")
 
     @pytest.mark.parametrize("size", ["10k", "100k", "1M"])
-    @pytest.mark.parametrize("peer", ["dali-style", "reader-first",
-                                      "reader-cached"])
-    def test_shard_start(benchmark, lmdbio_mod, bench_dataset, rounds,
-                         tmp_path, peer, size):
+    @pytest.mark.parametrize("row", ["dali-shard", "caffe-shard",
+                                     "reader-shard/first", "reader-shard/later"])
+    def test_shard_start(benchmark, lmdbio_mod, bench_dataset, cold_cache,
+                         rounds, row, size):
         records = {"10k": 10_000, "100k": 100_000, "1M": 1_000_000}[size]
         if benchlib.quick():  # 10k, 30k, 100k
             records = {"10k": 10_000, "100k": 30_000, "1M": 100_000}[size]
-        path = bench_dataset("small", records)
-        fn = _shard_peers(path, str(tmp_path))[peer]
-        if peer == "reader-cached":
-            reader_first_batch(path, str(tmp_path))  # writes the cache
-        fn()  # warm-up (hot)
-        benchmark.group = f"shard-start-{records}"
-        benchmark.extra_info.update(peer=peer, records=records,
-                                    rank=SHARD_RANK, world_size=SHARD_WORLD,
-                                    batch_size=SHARD_BATCH)
-        n, _ = benchmark.pedantic(fn, rounds=rounds["hot"], iterations=1)
-        assert n == SHARD_BATCH
+        _run_row(benchmark, cold_cache, rounds, bench_dataset("small", records),
+                 row, "hot", f"shard-start-{records}")
 
     @pytest.mark.parametrize("dataset", ["big", "small"])
     @pytest.mark.parametrize("peer", RSS_PEERS)
@@ -358,8 +362,18 @@ def main(argv=None):
     s = sub.add_parser("shard-start", help="last shard's first batch vs N")
     s.add_argument("--records", default="10000,100000,1000000")
     s.add_argument("--rounds", type=int, default=5)
+    s.add_argument("--modes", default="hot")
+    s.add_argument("--fresh", action="store_true",
+                   help="every run in a fresh process")
     s.add_argument("--json")
     s.add_argument("-q", "--quiet", action="store_true")
+    c = sub.add_parser("page-cache", help="page cache left by one epoch, "
+                                          "Reader cache=keep/drop")
+    c.add_argument("--dataset", default="small")
+    c.add_argument("--records", type=int, default=None)
+    c.add_argument("--rounds", type=int, default=1)
+    c.add_argument("--json")
+    c.add_argument("-q", "--quiet", action="store_true")
     r = sub.add_parser("rss", help="peak RSS of a full scan vs file size")
     r.add_argument("--datasets", default="big-300,big,small-50000,small",
                    help="NAME or NAME-RECORDS, comma-separated")
@@ -375,15 +389,25 @@ def main(argv=None):
     info = benchlib.machine_info()
     if a.cmd == "shard-start":
         recs = [int(x) for x in a.records.split(",") if x]
-        res = shard_start(recs, a.rounds, log)
-        print(f"\n# last shard's first batch: rank {SHARD_RANK} of "
-              f"{SHARD_WORLD}, batch {SHARD_BATCH}, small records, hot; "
-              f"{a.rounds} rounds interleaved; {info['time']} commit "
-              f"{info.get('commit', '?')}; load {os.getloadavg()[0]:.2f}")
-        print("# x dali-style = median over rounds of t(dali)/t(row), same "
-              "round; x N=first = t(row at N) / t(same peer at the first N)\n")
-        print(format_shard_start(res))
+        res = shard_start(recs, a.rounds, a.fresh,
+                          [m for m in a.modes.split(",") if m], log)
+        info.update(lmdbio_impl=bench.impl_name(), rounds=a.rounds,
+                    cold_rounds=a.rounds, fresh=a.fresh,
+                    shard=list(bench.DEFAULT_SHARD))
+        print("\n" + bench.format_header(info, res) + "\n"
+              + bench.format_table(res))
         data = res
+    elif a.cmd == "page-cache":
+        path = benchlib.dataset_path(a.dataset, a.records)
+        rows, modes = page_cache(path, a.rounds, log)
+        print(f"\n# page cache over one epoch of {os.path.basename(path)} "
+              f"(dropped before each run; index cache filled first): "
+              f"data.mdb resident MB by mincore, peak while reading and "
+              f"after; Cached +MB = /proc/meminfo Cached growth (whole "
+              f"machine: other work adds to it); {info['time']} commit "
+              f"{info.get('commit', '?')}\n")
+        print(format_page_cache(rows, modes))
+        data = rows
     else:
         rows = rss([d for d in a.datasets.split(",") if d],
                    [p for p in a.peers.split(",") if p], log)

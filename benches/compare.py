@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Side-by-side, interleaved comparison of lmdbio with its peers (the numbers
-that go into the notes; rules in docs/benchmarks.md).  This is ``lmdbio
-bench`` (src/lmdbio/bench.py: the same code, options and table), with the
-benchmark datasets of benches/datasets.py as the default databases.
+"""Side-by-side, interleaved comparison of lmdbio with its peers.  This is
+``lmdbio bench`` (src/lmdbio/bench.py: the same code, options and table),
+with the benchmark datasets of benches/datasets.py as the default databases
+(``--dataset``: generated and cached here; the installed ``lmdbio bench``
+runs this script for ``--dataset``).
 
     python benches/compare.py                       # small + big, hot + cold
     python benches/compare.py --datasets small --modes hot --rounds 7
@@ -10,6 +11,7 @@ benchmark datasets of benches/datasets.py as the default databases.
     python benches/compare.py --quick               # quick dataset sizes
     python benches/compare.py --datasets small --modes cold \\
         --peers py-lmdb-get,lmdbio-shuffled         # shuffled epoch
+    python benches/compare.py --fresh --quick       # a fresh process per run
     python benches/compare.py /path/to/any/lmdb     # any environment
     LMDBIO_BENCH_IMPL=lmdb python benches/compare.py   # py-lmdb stands in
                                                        # for lmdbio (debug)
@@ -28,13 +30,14 @@ import benchlib  # noqa: E402
 # Re-exported for scripts that imported them from here.
 ALL_PEERS = benchlib.bench.ALL_PEERS
 DEFAULT_PEERS = benchlib.bench.DEFAULT_PEERS
-make_peers = benchlib.bench.make_peers
 summarize = benchlib.bench.summarize
 format_table = benchlib.bench.format_table
 
 
 def main(argv=None):
-    return benchlib.bench.main(argv, prog="compare.py")
+    return benchlib.bench.main(argv, prog="compare.py",
+                               resolve_dataset=benchlib.dataset_path,
+                               repo=benchlib.REPO)
 
 
 if __name__ == "__main__":

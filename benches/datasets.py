@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deterministic LMDB benchmark datasets (see docs/benchmarks.md).
+"""Deterministic LMDB benchmark datasets.
 
     python benches/datasets.py NAME PATH [--records N] [--seed S] [--quick]
     python benches/datasets.py --list

@@ -9,6 +9,11 @@
   restricts the list.  When lmdbio cannot be imported its cases are skipped
   locally but FAIL under CI (CI=true) or LMDBIO_REQUIRE=1, so a broken build
   can never pass as "skipped".
+* `require(name)`: importorskip that fails under CI / LMDBIO_REQUIRE.
+* `spec_shard(...)`: the ordinals a rank reads, from the documented
+  sharding rule, written here independently of lmdbio's own shard_order
+  (tests compare the Reader, DatumReader, the Caffe layer and the MPI
+  reader against it).
 * The tests/ directory is importable (pytest puts it on sys.path), so test
   modules do `from lmdb_fixtures import ...`.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
 import pytest
 
 try:
@@ -59,6 +65,22 @@ def require_lmdbio() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("LMDBIO_REQUIRE"))
 
 
+def require(name: str, hint: str = ""):
+    """Import module NAME for a test module, like ``pytest.importorskip``,
+    except that under CI or LMDBIO_REQUIRE=1 (``make test``) a missing
+    module FAILS: there the test dependencies were installed, so a missing
+    one is a broken setup, never a reason to skip."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        msg = "%s cannot be imported (%s)%s" % (
+            name, exc, "; " + hint if hint else "")
+        if require_lmdbio():
+            pytest.fail(msg + " [CI / LMDBIO_REQUIRE: a missing test "
+                        "dependency fails]", pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
+
 def import_subject(name: str):
     """Import the module under test, or skip/fail (see the module doc)."""
     try:
@@ -78,3 +100,24 @@ def subject_name(request) -> str:
 @pytest.fixture
 def subject(subject_name):
     return import_subject(subject_name)
+
+
+def spec_shard(n, p, r, shuffle=False, seed=0, epoch=0, drop_last=False, bs=1):
+    """The ordinals rank R of P reads in EPOCH, from the documented rule and
+    not from lmdbio: the epoch's order is ``0..n-1``, or with shuffle
+    ``np.random.default_rng([seed, epoch]).permutation(n)``; drop_last=False:
+    ``per = ceil(n / p)`` and rank r takes positions ``(r * per + j) % n``
+    for j < per (the last shards wrap around); drop_last=True: ``per = n //
+    p``, positions ``r * per + j``, cut to a multiple of the batch size."""
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
+    else:
+        order = list(range(n))
+    if drop_last:
+        per = n // p
+        mine = [order[r * per + j] for j in range(per)]
+        mine = mine[:len(mine) // bs * bs]
+    else:
+        per = -(-n // p)
+        mine = [order[(r * per + j) % n] for j in range(per)] if n else []
+    return mine

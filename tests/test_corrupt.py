@@ -1,6 +1,8 @@
-"""Damaged files: the subject must raise a subclass of its Error whose
-message names the page where one applies, and never crash, hang, allocate
-without bound, or raise a foreign exception.
+"""Damaged files: lmdbio must raise, in every case, a subclass of its Error
+whose message names the file and, wherever the damage is on a page, says
+"page N" for that page (only damage to the file as a whole: missing, empty,
+not LMDB, has none); it must never crash, hang, allocate without bound,
+read a damaged file successfully, or raise a foreign exception.
 
 Each case copies a pristine environment written by py-lmdb, patches bytes
 at offsets computed by parsing the file (lmdb_fixtures.LmdbFile), and runs
@@ -202,8 +204,7 @@ class Case:
     base: Optional[str]             # "tree", "named" or None (made from scratch)
     make: Callable[[str, LmdbFile], Made]
     allowed: Tuple[str, ...]        # exception class names the subject may raise
-    must_fail: str = "read"         # "open": open raises; "read": some op raises;
-    #                                 "none": reading may succeed (then data must match)
+    must_fail: str = "read"         # "open": open raises; "read": some op raises
     data_ok: bool = False           # successful reads must equal the pristine file's
     pylmdb: str = "any"             # what py-lmdb does: "raise:Class", "ok", "crash", "any"
 
@@ -242,6 +243,14 @@ def depth2_branch(f: LmdbFile):
 # --- file level -------------------------------------------------------------
 
 
+META_PAGES = (0, 1)
+
+
+def rec_page(f, rec):
+    """The page holding a database record (a meta page or a leaf)."""
+    return rec.offset // f.psize
+
+
 def mk_missing(d, f):
     p = os.path.join(d, "no-such-env")
     return Made(p, path_in_msg=True)
@@ -255,14 +264,14 @@ def mk_dir_without_data(d, f):
 def mk_empty_file(d, f):
     os.makedirs(d)
     open(dfile(d), "wb").close()
-    return Made(d)
+    return Made(d, path_in_msg=True)
 
 
 def mk_not_lmdb(d, f):
     os.makedirs(d)
     with open(dfile(d), "wb") as fh:
         fh.write((b"This is not an LMDB file, just some text.\n" * 400)[:16384])
-    return Made(d)
+    return Made(d, path_in_msg=True)
 
 
 def mk_not_lmdb_nosubdir(d, f):
@@ -270,7 +279,7 @@ def mk_not_lmdb_nosubdir(d, f):
     p = os.path.join(d, "file.bin")
     with open(p, "wb") as fh:
         fh.write(bytes(range(256)) * 64)
-    return Made(p, subdir=False)
+    return Made(p, subdir=False, path_in_msg=True)
 
 
 def mk_truncated_leaf(d, f):
@@ -300,24 +309,24 @@ def mk_big_endian(d, f):
         patch(dfile(d), base + MM_MAGIC, ">II", magic, version)
         psize = struct.unpack_from("<I", f.buf, base + MM_PSIZE)[0]
         patch(dfile(d), base + MM_PSIZE, ">I", psize)
-    return Made(d)
+    return Made(d, pgnos=META_PAGES)
 
 
 def mk_bad_version(d, f):
     _both_metas(d, f, MM_VERSION, "<I", 2)
-    return Made(d)
+    return Made(d, pgnos=META_PAGES)
 
 
 def mk_psize(value):
     def mk(d, f):
         _both_metas(d, f, MM_PSIZE, "<I", value)
-        return Made(d)
+        return Made(d, pgnos=META_PAGES)
     return mk
 
 
 def mk_both_metas_bad(d, f):
     _both_metas(d, f, MM_MAGIC, "<I", 0x12345678)
-    return Made(d)
+    return Made(d, pgnos=META_PAGES)
 
 
 def _current(f):
@@ -327,14 +336,14 @@ def _current(f):
 def mk_meta_flags_bad(d, f):
     for m in (0, 1):
         patch_page_header(dfile(d), m, f.psize, flags=P_LEAF)
-    return Made(d)
+    return Made(d, pgnos=META_PAGES)
 
 
 def mk_one_meta_bad(which):
     def mk(d, f):
         m = _current(f) if which == "current" else 1 - _current(f)
         patch(dfile(d), m * f.psize + MM_MAGIC, "<I", 0xDEADBEEF)
-        return Made(d)
+        return Made(d, pgnos=[m])
     return mk
 
 
@@ -534,7 +543,8 @@ def mk_value_4gib_consistent_run(d, f):
 
 def mk_dupfixed_without_dupsort(d, f):
     patch_dbrec(dfile(d), f.meta.main_db, MD_FLAGS, "<H", DUPFIXED)
-    return Made(d, keys={"": [key_of(f, some_leaf(f).pgno)]})
+    return Made(d, keys={"": [key_of(f, some_leaf(f).pgno)]},
+                pgnos=[rec_page(f, f.meta.main_db)])
 
 
 def mk_p_dirty_on_disk(d, f):
@@ -565,7 +575,7 @@ def mk_subdata_non_dupsort(d, f):
 
 def mk_unknown_db_flags(d, f):
     patch_dbrec(dfile(d), f.meta.main_db, MD_FLAGS, "<H", 0x8000)
-    return Made(d)
+    return Made(d, pgnos=[rec_page(f, f.meta.main_db)])
 
 
 # --- named DBs, duplicates ----------------------------------------------------
@@ -592,13 +602,13 @@ def mk_named_record_huge(d, f):
 def mk_named_dupfixed_without_dupsort(d, f):
     rec = f.named[b"plain"]
     patch_dbrec(dfile(d), rec, MD_FLAGS, "<H", DUPFIXED)
-    return Made(d, named=[b"plain"])
+    return Made(d, named=[b"plain"], pgnos=[rec_page(f, rec)])
 
 
 def mk_named_integerdup_without_dupsort(d, f):
     rec = f.named[b"plain"]
     patch_dbrec(dfile(d), rec, MD_FLAGS, "<H", 0x20)
-    return Made(d, named=[b"plain"])
+    return Made(d, named=[b"plain"], pgnos=[rec_page(f, rec)])
 
 
 def mk_subdb_root_past_file(d, f):
@@ -611,7 +621,8 @@ def mk_subdb_root_past_file(d, f):
 def mk_subdb_bad_flags(d, f):
     node, rec = f.dup_trees[0]
     patch_dbrec(dfile(d), rec, MD_FLAGS, "<H", DUPSORT)
-    return Made(d, named=[b"dups"], keys={":" + b"dups".hex(): [node.key]})
+    return Made(d, named=[b"dups"], keys={":" + b"dups".hex(): [node.key]},
+                pgnos=[rec_page(f, rec)])
 
 
 def mk_subpage_bad_lower(d, f):
@@ -687,7 +698,9 @@ def case_params():
         C("root_child_is_root", "tree", mk_root_self_loop, (COR,),
           pylmdb="raise:CursorFullError"),
         C("depth_smaller_than_tree", "tree", mk_depth_small, (COR,), pylmdb="ok"),
-        C("depth_huge", "tree", mk_depth_huge, (COR, INV), "none", data_ok=True, pylmdb="ok"),
+        # liblmdb reads this file; lmdbio refuses it (pinned: a change reads
+        # it correctly or raises, consciously)
+        C("depth_huge", "tree", mk_depth_huge, (COR, INV), data_ok=True, pylmdb="ok"),
         C("leaf_where_branch_expected", "tree", mk_leaf_where_branch, (COR,),
           pylmdb="raise:CorruptedError"),
         C("branch_where_leaf_expected", "tree", mk_branch_where_leaf, (COR,), pylmdb=X),
@@ -727,9 +740,9 @@ def case_params():
           pylmdb="raise:CorruptedError"),
         C("cve_subdata_dupdata_on_non_dupsort", "tree", mk_subdata_non_dupsort, (COR, INV),
           pylmdb="raise:CorruptedError"),
-        # bits outside the persistent flags: liblmdb ignores them; reading
-        # correctly or refusing are both fine
-        C("unknown_db_flags", "tree", mk_unknown_db_flags, (INV, COR), "none", data_ok=True,
+        # bits outside the persistent flags: liblmdb ignores them; lmdbio
+        # refuses the record (pinned, as depth_huge)
+        C("unknown_db_flags", "tree", mk_unknown_db_flags, (INV, COR), data_ok=True,
           pylmdb="ok"),
         # named DBs and duplicates
         C("named_root_out_of_range", "named", mk_named_root_out_of_range, (PNF,),
@@ -782,7 +795,8 @@ def pristine_results(case, bases, made, tmp_path):
 
 
 def names_a_page(msg: str, pgnos: Sequence[int]) -> bool:
-    return any(re.search(r"(?<![0-9])%d(?![0-9])" % p, msg) for p in pgnos)
+    """MSG says "page N" for one of PGNOS (not just the number somewhere)."""
+    return any(re.search(r"\bpage %d(?![0-9])" % p, msg) for p in pgnos)
 
 
 @pytest.mark.parametrize("case", case_params())
@@ -812,11 +826,15 @@ def test_corrupt(subject_name, case, bases, tmp_path):
         allowed = case.allowed + (("BadTxnError",) if i else ())
         assert r["type"] in allowed, "%s raised %s (allowed: %s): %s" % (
             r["op"], r["type"], allowed, r["msg"])
-    if failures and made.pgnos:
+    # Every case raises (none may read successfully), naming the file, and
+    # the page wherever the damage is on one: only damage to the file as a
+    # whole (missing, empty, not LMDB) has no page to name.
+    assert failures, "the damage went unnoticed: %r" % res
+    assert made.pgnos or made.path_in_msg, "the case must say what the message names"
+    assert os.path.basename(made.path) in failures[0]["msg"], failures[0]["msg"]
+    if made.pgnos:
         assert names_a_page(failures[0]["msg"], made.pgnos), \
             "message must name the page (one of %s): %r" % (list(made.pgnos)[:8], failures[0]["msg"])
-    if failures and made.path_in_msg:
-        assert os.path.basename(made.path) in failures[0]["msg"], failures[0]["msg"]
     # Where the damage leaves the data intact (data_ok), whatever succeeded
     # must equal what the undamaged file gives.
     if case.data_ok:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from caffe_pb import (BlobProto, BlobProtoUnpacked, BlobShape, Datum,
                       DatumExtra, DatumPacked, parse_datum)
-from conftest import require_lmdbio
+from conftest import require_lmdbio, spec_shard
 
 try:
     import lmdbio
@@ -791,11 +791,10 @@ def test_datum_reader_shuffle_shard_transform(cifar_like, prefetch):
                      scale=0.5, seed=9)
     ref_t = ld.Transform(crop_size=6, mirror=True, mean_value=[100, 110, 120],
                          scale=0.5, seed=9)
-    from lmdbio.reader import shard_order
     r = lmdbio.DatumReader(path, transform=t, batch_size=32, shuffle=True, seed=3,
                            rank=1, world_size=3, prefetch=prefetch)
     r.set_epoch(2)
-    order = shard_order(300, 1, 3, shuffle=True, seed=3, epoch=2)
+    order = np.array(spec_shard(300, 3, 1, shuffle=True, seed=3, epoch=2))
     pos = 0
     for data, lab in r:
         n = len(lab)

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import import_subject
+from conftest import import_subject, require
 
 FUZZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fuzz")
 REGRESSIONS = sorted(p for t in ("tree", "verify", "bulk")
@@ -150,10 +150,16 @@ def test_seed_reads_like_pylmdb(path, tmp_path):
     assert res["items"] == n and res["reader"] == n and res["problems"] == 0, res
 
 
-@pytest.mark.parametrize("path", DATUM_REGRESSIONS,
-                         ids=[os.path.basename(p) for p in DATUM_REGRESSIONS])
+# The datum target's findings (none kept yet) and its seed corpus: decoded,
+# or rejected with DatumError, never a crash or a foreign exception.
+DATUM_INPUTS = DATUM_REGRESSIONS + sorted(
+    glob.glob(os.path.join(FUZZ, "corpus", "datum", "*")))
+
+
+@pytest.mark.parametrize("path", DATUM_INPUTS,
+                         ids=[os.path.relpath(p, FUZZ) for p in DATUM_INPUTS])
 def test_datum_finding_is_handled(path):
-    datum = pytest.importorskip("lmdbio.datum")
+    datum = require("lmdbio.datum")
     data = open(path, "rb").read()
     try:
         datum.decode_one(data)

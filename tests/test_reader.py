@@ -33,7 +33,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import require_lmdbio
+from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
     COMBOS_BY_ID, F_BIGDATA, FLAG_COMBOS, MDB_LOAD, OS_PAGE_SIZE, P_LEAF,
     LmdbFile, data_file, make_all_flags_env, patch, patch_page_header,
@@ -150,22 +150,6 @@ def val_of(key, size):
         return b""
     unit = key + b"#"
     return (unit * (size // len(unit) + 1))[:size]
-
-
-def spec_shard(n, p, r, shuffle, seed, epoch, drop_last, bs):
-    """api.md's sharding rule, written independently of lmdbio."""
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
-    else:
-        order = list(range(n))
-    if drop_last:
-        per = n // p
-        mine = [order[r * per + j] for j in range(per)]
-        mine = mine[:len(mine) // bs * bs]
-    else:
-        per = -(-n // p)
-        mine = [order[(r * per + j) % n] for j in range(per)] if n else []
-    return mine
 
 
 def run_py(code, *args, timeout=120, env_extra=None):
@@ -1553,17 +1537,19 @@ def test_aliased_overflow_pages(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# comm= / engine="mpiio" / node_local=True in one process: either the MPI-IO
-# engine is not there yet and a clear lmdbio.Error says so, or it works and
-# gives the same records (tests/mpi covers several ranks).  Run in a
-# subprocess: initialising MPI is not something to do inside pytest.
+# comm= / engine="mpiio" / node_local=True in one process (a world of one
+# rank): each must do what it says (the MPI-IO engine reads through MPI-IO,
+# node_local shares one reader per node) and give the records of the
+# posix Reader, in the documented shuffled order.  tests/mpi covers several
+# ranks.  Run in a subprocess: initialising MPI is not something to do
+# inside pytest.
 
 
 MPI_SCRIPT = r"""
 import json, sys
 import lmdbio
 path, how = sys.argv[1], sys.argv[2]
-kw = {"comm": None, "mpiio": {"engine": "mpiio"},
+kw = {"posix": {}, "mpiio": {"engine": "mpiio"},
       "node_local": {"node_local": True}}.get(how)
 if how == "comm":
     from mpi4py import MPI
@@ -1572,11 +1558,17 @@ if how == "bogus-comm":
     kw = {"comm": object()}
 out = {}
 try:
-    with lmdbio.Reader(path, batch_size=7, shuffle=True, seed=1, **kw) as r:
+    with lmdbio.Reader(path, batch_size=7, shuffle=True, seed=1,
+                       index_cache=False, **kw) as r:
         out["total"] = r.total_records
         out["n"] = len(r)
+        out["engine"] = r.engine
+        out["node_local"] = r.node_local
         out["pairs"] = [[i, b.values[j].decode()] for b in r
                         for j, i in enumerate(b.indices.tolist())]
+        mf = getattr(r, "_mpifile", None)
+        out["mpiio_requests"] = None if mf is None else mf.requests
+        out["node_share"] = getattr(r, "_share", None) is not None
 except BaseException as e:
     out["exc"] = [c.__name__ for c in type(e).__mro__]
     out["msg"] = str(e)
@@ -1594,18 +1586,28 @@ def _has_mpi4py():
 
 @pytest.mark.parametrize("how", ["comm", "mpiio", "node_local"])
 def test_mpi_arguments_single_process(shard_envs, how):
-    if how == "comm" and not _has_mpi4py():
-        pytest.skip("comm= needs mpi4py to make a communicator")
+    if not _has_mpi4py():
+        msg = "comm=, engine='mpiio' and node_local=True need mpi4py"
+        if os.environ.get("CI") or os.environ.get("LMDBIO_REQUIRE"):
+            pytest.fail(msg + " (install it: pip install mpi4py mpich)")
+        pytest.skip(msg)
     proc = run_py(MPI_SCRIPT, shard_envs[37], how, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "exc" in out:                    # not available (yet): a clear error
-        assert "Error" in out["exc"], out
-        assert "MPI" in out["msg"], out["msg"]
-        return
+    assert "exc" not in out, out
+    # the documented order, computed here: PCG64 seeded with [seed, epoch]
     want = np.random.default_rng([1, 0]).permutation(37).tolist()
     assert out["total"] == 37 and out["n"] == 6
     assert out["pairs"] == [[i, "v%d" % i] for i in want]
+    # what each argument does
+    assert out["engine"] == "mpiio"          # comm= defaults to MPI-IO
+    assert out["mpiio_requests"] > 0         # the records came via MPI-IO
+    assert out["node_local"] == (how == "node_local")
+    assert out["node_share"] == (how == "node_local")
+    posix = json.loads(run_py(MPI_SCRIPT, shard_envs[37], "posix",
+                              timeout=60).stdout.strip().splitlines()[-1])
+    assert posix["engine"] == "posix" and posix["mpiio_requests"] is None
+    assert posix["pairs"] == out["pairs"]
 
 
 def test_comm_that_is_not_a_communicator(shard_envs):

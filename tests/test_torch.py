@@ -3,8 +3,9 @@ torch.utils.data.DataLoader with 2 workers and explicit rank/world_size:
 every record exactly once per epoch (no duplicates, nothing missed).
 
 Needs PyTorch (CPU build; requirements-dev.txt installs it).  Without it
-these tests skip, with the reason, except under CI (CI=true) where they
-fail: CI installs requirements-dev.txt, so a missing torch is a broken setup.
+these tests skip, with the reason, except under CI (CI=true) or
+LMDBIO_REQUIRE=1 (``make test``) where they fail: there requirements-dev.txt
+was installed, so a missing torch is a broken setup.
 """
 
 from __future__ import annotations
@@ -19,16 +20,10 @@ import lmdb
 import numpy as np
 import pytest
 
-from conftest import require_lmdbio
+from conftest import require, require_lmdbio
 
-try:
-    import torch
-    from torch.utils.data import DataLoader
-except ImportError as exc:  # pragma: no cover - depends on the machine
-    if os.environ.get("CI"):
-        raise ImportError("torch is missing (requirements-dev.txt installs it): %s" % exc)
-    pytest.skip("PyTorch is not installed (pip install lmdbio[torch]): %s" % exc,
-                allow_module_level=True)
+torch = require("torch", "pip install 'lmdbio[torch]'")
+from torch.utils.data import DataLoader  # noqa: E402
 
 try:
     import lmdbio
