@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import require_lmdbio
+from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
     COMBOS_BY_ID, LmdbFile, patch, read_all_pylmdb,
     write_env, write_items,
@@ -45,18 +45,6 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 def oracle(path, db=None):
     return read_all_pylmdb(path, names=(db,))[db]
-
-
-def spec_shard(n, p, r, shuffle, seed, epoch, drop_last, bs):
-    """The sharding rule, written independently of lmdbio."""
-    order = (np.random.default_rng([seed, epoch]).permutation(n).tolist()
-             if shuffle else list(range(n)))
-    if drop_last:
-        per = n // p
-        mine = [order[r * per + j] for j in range(per)]
-        return mine[:len(mine) // bs * bs]
-    per = -(-n // p)
-    return [order[(r * per + j) % n] for j in range(per)] if n else []
 
 
 def value_of(i, size):

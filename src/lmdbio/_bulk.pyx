@@ -109,7 +109,7 @@ cdef class _MemoryPool:
     def array(self, size_t n, size_t phase=0):
         """A uint8 array of n bytes starting `phase` bytes past a page
         boundary (copies from the page cache run at full speed when the
-        destination has the file offset's alignment; benchmarks.md)."""
+        destination has the file offset's alignment, measured)."""
         m = self.take(n + phase)
         return np.frombuffer(m, dtype=np.uint8, count=n, offset=phase)
 

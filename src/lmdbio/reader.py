@@ -462,7 +462,7 @@ class Reader:
 
     def _span(self):
         """(first position, records) of this rank's share of the order:
-        api.md's rule without materialising the order."""
+        the sharding rule (shard_order) without materialising the order."""
         n, p, r = self.total_records, self.world_size, self.rank
         if n == 0:
             return 0, 0
