@@ -662,7 +662,7 @@ def _split(nbytes, nreq, split):
 
 def project_reader(layout, job, pol, st, kind, sample=64):
     """Per-rank figures and the epoch time of one reader at one P."""
-    N, P, rpn = layout.n_records, job.P, job.ranks_per_node
+    P, rpn = job.P, job.ranks_per_node
     nodes = job.nodes
     res = dict(reader=kind, P=P)
     if kind in ("caffe", "dali"):
@@ -786,7 +786,15 @@ PFS_FAST = dataclasses.replace(PFS, name="flash-backed PFS", latency=0.2e-3)
 PFS_SLOW = dataclasses.replace(PFS, name="disk-backed PFS, busy",
                                latency=5e-3)
 
+STORAGES = {"pfs": PFS, "fast": PFS_FAST, "slow": PFS_SLOW}
+
 PROJ_P = [1, 4, 16, 36, 64, 256, 1024, 4096, 9216]
+# today: a plan per batch (MPI-IO data sieving on, MPICH's default); the
+# coming per-window plan; and that with ROMIO's data sieving turned off
+# (hint romio_ds_read=disable: lmdbio coalesces its reads itself)
+POLICIES = {"batch": Policy(unit="batch"),
+            "window": Policy(unit="window"),
+            "win-nods": Policy(unit="window", sieve_bytes=0)}
 READERS = ["caffe", "dali", "posix", "mpiio", "node_local"]
 
 
@@ -814,6 +822,10 @@ def project(layout, st, pols, Ps=PROJ_P, rpn=36, batch_size=256, sample=16,
             for pname, pol in pols.items():
                 if kind in ("caffe", "dali") and pname != next(iter(pols)):
                     continue
+                if kind == "posix" and pol.sieve_bytes == 0 and any(
+                        p.unit == pol.unit and p.sieve_bytes
+                        for p in pols.values()):
+                    continue  # sieving is MPI-IO's: the same as "window"
                 t0 = time.perf_counter()
                 r = project_reader(layout, job, pol, st, kind, sample=sample)
                 r["policy"] = pname if kind not in ("caffe", "dali") else "-"
@@ -843,12 +855,24 @@ def limits(layout, st, P=9216, rpn=36, bs=256):
     # recursive doubling / ring: about log2 P latency terms + 8L bytes each
     link = 12.5e9
     out["allgatherv_s"] = math.log2(P) * 5e-6 + 8 * L / link
-    out["index_build_s"] = (idx["rounds"] + idx["requests"] / 4) * st.latency
+    # every rank reads every branch page: the machine's start-up reads
+    out["index_build_s"] = max(
+        (idx["rounds"] + idx["requests"] / 4) * st.latency,
+        layout.n_branch * P / st.fs_iops if st.fs_iops else 0,
+        layout.n_branch * layout.psize * P / st.fs_bw if st.fs_bw else 0)
+    out["index_build_s_branches_bcast"] = (
+        (idx["rounds"] + idx["requests"] / 4) * st.latency
+        + math.log2(P) * (5e-6 + 8 * L / link))
     out["cached_bcast_s"] = math.log2(P) * (5e-6 + 16 * L / link)
     per = -(-layout.n_records // P)
     steps = -(-per // bs)
     out["batches_per_rank"] = steps
     out["collectives_per_epoch"] = 5 * steps
+    for q in (64, 1024):
+        out[f"collectives_per_epoch_P{q}"] = 5 * -(-(-(-layout.n_records
+                                                        // q)) // bs)
+    # an allgather of a few bytes: about log2 P network latencies
+    out["collective_s_each"] = math.log2(P) * 5e-6
     out["opens"] = P
     out["metadata_ops"] = P * OPEN_OPS
     out["metadata_s"] = _open_time(st, P, OPEN_OPS)
@@ -889,7 +913,6 @@ def validate(args, log):
                                 continue
                             nodes = -(-P // rpn)
                             paths = st.paths(nodes)
-                            job = Job(P=P, ranks_per_node=rpn, batch_size=bs)
                             for peer in args.peers:
                                 if peer == "node_local" and rpn == 1:
                                     continue
@@ -951,57 +974,73 @@ def _step_time(fuse_reqs, q, d):
     return max(max(fuse_reqs), math.ceil(sum(fuse_reqs) / q)) * d
 
 
+def _compare_lmdbio(lay, job, peer, ranks, d, pol):
+    """The model's figures for the lmdbio readers' run under policy pol."""
+    P, rpn = job.P, job.ranks_per_node
+    row = {}
+    app_req = app_bytes = model_req = model_bytes = 0
+    f_req = f_bytes = 0
+    caches = {}
+    path = 0.0
+    rebuilt = 0
+    q = pol.threads if peer == "posix" else 1
+    for rank in range(P):
+        r = next(x for x in ranks if x["rank"] == rank)
+        app_req += r["io_requests"] + r.get("mpi_requests", 0)
+        app_bytes += r["io_bytes"] + r.get("mpi_bytes", 0)
+        m = model_lmdbio_rank(lay, job, pol, rank, engine=peer)
+        model_req += m["collectives"] if peer != "posix" else m["requests"]
+        model_bytes += m["bytes"]
+        c = caches.setdefault(rank // rpn, set())
+        steps = list(m["reads"])
+        if not r.get("index_from_cache", True):
+            # the cached index was not found (FUSE inode numbers change
+            # when the kernel forgets an inode): this rank rebuilt it
+            idx = index_build(lay, 1 if peer == "posix" else P, rank)
+            model_req += idx["requests"]
+            model_bytes += idx["bytes"]
+            steps.insert(0, idx["reads"])
+            rebuilt += 1
+        t = 0.0
+        for part in steps:
+            per_read = []
+            for rd in part:
+                fr, fb = fuse_requests([rd], lay.psize, c)
+                f_req += fr
+                f_bytes += fb
+                per_read.append(fr)
+            t += _step_time([x for x in per_read if x], q, d)
+        path = max(path, t)
+    # opening reads the two meta pages (one request per node)
+    f_req += job.nodes
+    f_bytes += job.nodes * 2 * lay.psize
+    row.update(app_req=app_req, model_app_req=int(model_req),
+               app_bytes=app_bytes, model_app_bytes=int(model_bytes),
+               model_storage_req=f_req, model_storage_bytes=f_bytes,
+               model_wall=path, index_rebuilt=rebuilt)
+    return row
+
+
 def compare(lay, job, peer, ranks, st_req, st_bytes, delay):
     """Model against measurement for one run.  app: what the ranks issued
     (lmdbio's own counters: pread requests of its pool, MPI-IO collective
-    reads); storage: what reached the FUSE daemons."""
-    pol = Policy()
+    reads); storage: what reached the FUSE daemons.  The lmdbio readers are
+    compared with the planning unit that matches their counters (a plan
+    per batch, as the Reader does today, or per window), so the same
+    validation serves before and after the Reader plans windows."""
     P, rpn = job.P, job.ranks_per_node
     row = dict(peer=peer, P=P, rpn=rpn, delay_ms=delay,
                wall=max(r["wall"] for r in ranks),
                meas_storage_req=st_req, meas_storage_bytes=st_bytes)
     d = delay * 1e-3
     if peer in ("posix", "mpiio", "node_local"):
-        app_req = app_bytes = model_req = model_bytes = 0
-        f_req = f_bytes = 0
-        caches = {}
-        path = 0.0
-        rebuilt = 0
-        q = pol.threads if peer == "posix" else 1
-        for rank in range(P):
-            r = next(x for x in ranks if x["rank"] == rank)
-            app_req += r["io_requests"] + r.get("mpi_requests", 0)
-            app_bytes += r["io_bytes"] + r.get("mpi_bytes", 0)
-            m = model_lmdbio_rank(lay, job, pol, rank, engine=peer)
-            model_req += m["collectives"] if peer != "posix" else m["requests"]
-            model_bytes += m["bytes"]
-            c = caches.setdefault(rank // rpn, set())
-            steps = list(m["reads"])
-            if not r.get("index_from_cache", True):
-                # the cached index was not found (FUSE inode numbers change
-                # when the kernel forgets an inode): this rank rebuilt it
-                idx = index_build(lay, 1 if peer == "posix" else P, rank)
-                model_req += idx["requests"]
-                model_bytes += idx["bytes"]
-                steps.insert(0, idx["reads"])
-                rebuilt += 1
-            t = 0.0
-            for part in steps:
-                per_read = []
-                for rd in part:
-                    fr, fb = fuse_requests([rd], lay.psize, c)
-                    f_req += fr
-                    f_bytes += fb
-                    per_read.append(fr)
-                t += _step_time([x for x in per_read if x], q, d)
-            path = max(path, t)
-        # opening reads the two meta pages (one request per node)
-        f_req += job.nodes
-        f_bytes += job.nodes * 2 * lay.psize
-        row.update(app_req=app_req, model_app_req=int(model_req),
-                   app_bytes=app_bytes, model_app_bytes=int(model_bytes),
-                   model_storage_req=f_req, model_storage_bytes=f_bytes,
-                   model_wall=path, index_rebuilt=rebuilt)
+        for unit in ("batch", "window"):
+            got = _compare_lmdbio(lay, job, peer, ranks, d, Policy(unit=unit))
+            got["unit"] = unit
+            if (got["app_req"], got["app_bytes"]) == \
+                    (got["model_app_req"], got["model_app_bytes"]):
+                break
+        row.update(got)
     else:
         f_req = f_bytes = 0
         for node in range(job.nodes):
@@ -1054,8 +1093,9 @@ def format_row(r):
         if a is None or b is None or not b:
             return "    -"
         return f"{a / b:5.2f}"
+    unit = f"plan per {r['unit']} " if r.get("unit") else ""
     return (f"{r.get('dataset', ''):14s} {r['peer']:10s} P={r['P']} "
-            f"rpn={r['rpn']} d={r['delay_ms']}ms | app req "
+            f"{unit}rpn={r['rpn']} d={r['delay_ms']}ms | app req "
             f"{r['app_req']!s:>7} model {r['model_app_req']!s:>7} | app MB "
             f"{_mb(r['app_bytes']):>8} model {_mb(r['model_app_bytes']):>8} | "
             f"storage req {r['meas_storage_req']:>7} model "
@@ -1076,7 +1116,7 @@ def _mb(x):
 # plots and the command line
 # --------------------------------------------------------------------------
 
-def plot(rows, out_dir, log):
+def plot(rows, out_dir, log, tag=""):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -1094,7 +1134,9 @@ def plot(rows, out_dir, log):
                  "requests")):
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             for kind in READERS:
-                for pol in ("batch", "window", "-"):
+                for pol in ("batch", "window", "win-nods", "-"):
+                    if pol == "win-nods" and kind == "posix":
+                        continue
                     pts = sorted((r["P"], r[what]) for r in rows
                                  if r["dataset"] == ds and r["reader"] == kind
                                  and r["policy"] == pol)
@@ -1103,7 +1145,8 @@ def plot(rows, out_dir, log):
                     lab = kind if pol == "-" else f"{kind} (per {pol})"
                     ax.plot([p for p, _ in pts], [max(v, 1e-6) for _, v in pts],
                             marker="o", ms=3,
-                            ls="--" if pol == "window" else "-", label=lab)
+                            ls={"window": "--", "win-nods": ":"}.get(pol, "-"),
+                            label=lab)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("ranks P (36 per node)")
@@ -1112,15 +1155,57 @@ def plot(rows, out_dir, log):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
             fig.tight_layout()
-            p = os.path.join(out_dir, f"scale-{ds}-{fname}.png")
+            p = os.path.join(out_dir, f"scale-{ds}-{fname}{tag}.png")
             fig.savefig(p, dpi=110)
             plt.close(fig)
             written.append(p)
+    # modelled I/O speedup over Caffe-style, next to the papers' figures
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for ds in sorted({r["dataset"] for r in rows}):
+        base = {r["P"]: r["epoch_s"] for r in rows
+                if r["dataset"] == ds and r["reader"] == "caffe"}
+        for kind, pol in (("posix", "batch"), ("mpiio", "batch"),
+                          ("node_local", "win-nods")):
+            pts = sorted((r["P"], base[r["P"]] / r["epoch_s"]) for r in rows
+                         if r["dataset"] == ds and r["reader"] == kind
+                         and r["policy"] == pol and r["P"] in base)
+            if pts:
+                ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o",
+                        ms=3, ls="-" if ds.startswith("imagenet") else "--",
+                        label=f"{ds}: {kind} ({pol})")
+    for P, x, lab in PAPERS:
+        if P is None:  # no core count attached to the figure: a level
+            ax.axhline(x, color="k", ls=":", lw=1)
+            ax.annotate(lab, (1.2, x), textcoords="offset points",
+                        xytext=(0, 3), fontsize=7)
+            continue
+        ax.scatter([P], [x], marker="*", s=120, color="k", zorder=5)
+        ax.annotate(lab, (P, x), textcoords="offset points", xytext=(-150, 8),
+                    fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks P (36 per node)")
+    ax.set_ylabel("Caffe-style epoch time / reader's (I/O only)")
+    ax.set_title("modelled I/O speedup over Caffe-style sharding")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    p = os.path.join(out_dir, f"scale-speedup{tag}.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
     return written
 
 
+# The papers' reported speedups of whole Caffe training (not I/O alone):
+# Pumma et al., LMDBIO, HPCC 2017 (up to 20x, drawn as a level: its core
+# count is not restated here); ACM TOPC 2019 (up to 65x at 9,216 cores).
+PAPERS = [(9216, 65, "TOPC 2019: 65x at 9,216 cores"),
+          (None, 20, "HPCC 2017: up to 20x")]
+
+
 def format_projection(rows):
-    hdr = (f"{'dataset':13s} {'P':>5s} {'reader':10s} {'plan':6s} "
+    hdr = (f"{'dataset':13s} {'P':>5s} {'reader':10s} {'plan':8s} "
            f"{'epoch s':>9s} {'bound':12s} {'req/rank':>9s} {'MB/rank':>9s} "
            f"{'req size':>9s} {'in flight':>9s} {'job req':>10s} "
            f"{'job GB':>9s} {'walk':>9s} {'coll/ep':>8s} {'x caffe':>8s}")
@@ -1131,7 +1216,7 @@ def format_projection(rows):
         x = base.get((r["dataset"], r["P"]))
         out.append(
             f"{r['dataset']:13s} {r['P']:>5d} {r['reader']:10s} "
-            f"{r['policy']:6s} {r['epoch_s']:>9.2f} {r['bound']:12s} "
+            f"{r['policy']:8s} {r['epoch_s']:>9.2f} {r['bound']:12s} "
             f"{r['requests_rank']:>9.0f} {r['bytes_rank'] / 1e6:>9.1f} "
             f"{_kib(r['request_size']):>9s} {r['in_flight']:>9d} "
             f"{r['machine_requests']:>10.3g} {r['machine_bytes'] / 1e9:>9.1f} "
@@ -1166,6 +1251,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=0,
                     help="0: 256, or 16 for big values")
     ap.add_argument("--plots", default=os.path.join(REPO, "docs", "img"))
+    ap.add_argument("--storage", default="pfs", choices=sorted(STORAGES),
+                    help="the projection's storage figures: pfs (1 ms per "
+                         "request), fast (0.2 ms), slow (5 ms)")
     ap.add_argument("--json", help="write the runs and the projection here")
     ap.add_argument("--from-json", action="append", default=[],
                     help="print the validation of runs stored by --json "
@@ -1200,26 +1288,28 @@ def main(argv=None):
         raws = validate(a, log)
         out["validation"] = raws
         print(format_validation(raws))
-    pols = {"batch": Policy(unit="batch"), "window": Policy(unit="window")}
+    pols = POLICIES
+    st = STORAGES[a.storage]
     t0 = time.perf_counter()
     proj = []
     for lay in (imagenet_layout(), cifar_layout()):
-        proj += project(lay, PFS, pols)
+        proj += project(lay, st, pols)
     out["projection"] = proj
-    print(f"\n# projection: {PFS.name}, {PFS.latency * 1e3:g} ms per "
-          f"request, {PFS.node_bw / 1e9:g} GB/s per node, "
-          f"{PFS.fs_bw / 1e9:g} GB/s shared cap, "
-          f"{PFS.fs_iops:g} requests/s cap; 36 ranks per node; batch 256 "
+    print(f"\n# projection: {st.name}, {st.latency * 1e3:g} ms per "
+          f"request, {st.node_bw / 1e9:g} GB/s per node, "
+          f"{st.fs_bw / 1e9:g} GB/s shared cap, "
+          f"{st.fs_iops:g} requests/s cap; 36 ranks per node; batch 256 "
           f"per rank; index cached ({time.perf_counter() - t0:.1f} s)")
     print(format_projection(proj))
     for lay in (imagenet_layout(), cifar_layout()):
-        lim = limits(lay, PFS)
+        lim = limits(lay, st)
         out.setdefault("limits", {})[lay.name] = lim
         print(f"\n# limits at 9,216 ranks, {lay.name} "
               f"({lay.n_leaves} leaves, {lay.n_branch} branch pages):")
         for k, v in lim.items():
             print(f"  {k:28s} {v:.4g}")
-    written = plot(proj, a.plots, log)
+    written = plot(proj, a.plots, log,
+                   tag="" if a.storage == "pfs" else "-" + a.storage)
     for p in written:
         print(f"wrote {os.path.relpath(p, REPO)}")
     if a.json:
