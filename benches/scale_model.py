@@ -1281,8 +1281,12 @@ def main(argv=None):
         a.delays = [float(x) for x in a.delays.split(",")]
         a.peers = a.peers.split(",")
         a.rpn = [int(x) for x in a.rpn.split(",")]
-        a.datasets = [(x.split(":")[0], int(x.split(":")[1]))
-                      for x in a.datasets.split(",")]
+        try:
+            a.datasets = [(x.split(":")[0], int(x.split(":")[1]))
+                          for x in a.datasets.split(",")]
+        except (IndexError, ValueError):
+            raise ValueError(f"--datasets {a.datasets!r}: give NAME:RECORDS"
+                             ",... (e.g. cifar:20000,big:400)") from None
         if a.quick:
             a.sizes, a.delays = [1, 2, 4], [0.5]
         raws = validate(a, log)
@@ -1319,5 +1323,20 @@ def main(argv=None):
     return 0
 
 
+def _cli(argv=None):
+    """main(), with a one-line message instead of a traceback for what a
+    user can fix (a missing database, no FUSE, a malformed option)."""
+    try:
+        return main(argv)
+    except (OSError, RuntimeError, ValueError, IndexError) as e:
+        print(f"scale_model: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # lmdbio's errors (not a bug of this script)
+        if type(e).__module__.startswith("lmdbio"):
+            print(f"scale_model: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_cli())
