@@ -3,6 +3,7 @@ the Reader really issues (its own counters), at P = 1, 2, 4, on small
 databases; the fast planner replay equals the simple one; a projection runs
 in seconds."""
 
+import dataclasses
 import importlib.util
 import os
 import random
@@ -86,25 +87,52 @@ def test_layout_matches_pylmdb(dbs):
 @pytest.mark.parametrize("name", ["small", "mixed", "scattered"])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_model_counts_equal_reader_counters(dbs, name, shuffle):
-    """Per rank, P = 1, 2, 4: building the index, then one epoch, the
-    Reader's own counters (read requests, bytes) equal the model's."""
+    """Per rank, P = 1, 2, 4: the Reader's own counters (read requests,
+    bytes) equal the model's for building the index, for an epoch iterated
+    with windows held to one batch, for the same batches read with read(),
+    and for windows grown as the Reader grows them."""
     path = dbs[name]
     lay = sm.layout_from_file(path)
     bs = 64 if name != "mixed" else 16
     idx = sm.index_build(lay, 1, 0)
+    win = sm.reader_policy()
+    one = dataclasses.replace(win, window_bytes=0)  # every window one batch
+    per_batch = dataclasses.replace(win, unit="batch")
     for P in (1, 2, 4):
         job = sm.Job(P=P, batch_size=bs, shuffle=shuffle)
         for rank in range(P):
-            with lmdbio.Reader(path, batch_size=bs, rank=rank, world_size=P,
-                               shuffle=shuffle, index_cache=False) as r:
+            kw = dict(batch_size=bs, rank=rank, world_size=P, shuffle=shuffle,
+                      index_cache=False)
+            # prefetch_bytes=1: the Reader's windows stay one batch each
+            with lmdbio.Reader(path, prefetch_bytes=1, **kw) as r:
                 opened = r.io_stats()
                 n = sum(len(b) for b in r)
                 req, nbytes = r.io_stats()
-            m = sm.model_lmdbio_rank(lay, job, sm.Policy(), rank)
-            assert n == len(sm.shard(lay, rank, P, shuffle, batch_size=bs))
+            ords = sm.shard(lay, rank, P, shuffle, batch_size=bs)
+            assert n == len(ords)
             assert opened == (idx["requests"], idx["bytes"]), (name, P, rank)
+            m = sm.model_lmdbio_rank(lay, job, one, rank)
             got = (req - opened[0], nbytes - opened[1])
             assert got == (m["requests"], m["bytes"]), (name, P, rank)
+            with lmdbio.Reader(path, **kw) as r:
+                base = r.io_stats()
+                for b in sm.batches(ords, bs):
+                    r.read(b)
+                req, nbytes = r.io_stats()
+                m = sm.model_lmdbio_rank(lay, job, per_batch, rank)
+                got = (req - base[0], nbytes - base[1])
+                assert got == (m["requests"], m["bytes"]), (name, P, rank)
+                read_window = getattr(r._file, "read_window", None)
+                if read_window is None or win.unit != "window":
+                    continue  # a Reader that plans per batch only
+                base = r.io_stats()
+                for w in sm.steps_of(lay, sm.batches(ords, bs), win):
+                    ends = np.minimum(np.arange(bs, len(w) + bs, bs), len(w))
+                    read_window(w, ends, True, independent=True)
+                req, nbytes = r.io_stats()
+                m = sm.model_lmdbio_rank(lay, job, win, rank)
+                got = (req - base[0], nbytes - base[1])
+                assert got == (m["requests"], m["bytes"]), (name, P, rank)
 
 
 def _coalesce_simple(offs, lens, contig, max_gap, max_read, max_segs):
@@ -163,6 +191,8 @@ def test_per_window_reads_each_leaf_once():
     job = sm.Job(P=2, batch_size=256)
     b = sm.model_lmdbio_rank(lay, job, sm.Policy(unit="batch"), 0)
     w = sm.model_lmdbio_rank(lay, job, sm.Policy(unit="window"), 0)
+    g = sm.model_lmdbio_rank(lay, job, sm.reader_policy(), 0)
+    assert g["steps"] < b["steps"]
     assert w["requests"] < b["requests"]
     assert w["steps"] < b["steps"]
     per = lay.file_bytes / 2
