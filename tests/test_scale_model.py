@@ -172,6 +172,26 @@ def test_coalesce_fast_equals_simple():
         assert got == want, trial
 
 
+def test_coalesce_equals_the_c_planner():
+    """Against lmdbio's own planner (csrc/plan.c through _bulk.plan_reads,
+    whose destinations follow each other exactly when the extents do)."""
+    from lmdbio import _bulk
+    if not hasattr(_bulk, "plan_reads"):
+        pytest.skip("this lmdbio has no _bulk.plan_reads")
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n = int(rng.integers(0, 3000))
+        lens = rng.integers(1, 20000, n)
+        gaps = rng.choice([0, 0, 16, 4000, 20000, 70000, 600000], n)
+        offs = np.cumsum(gaps + np.r_[0, lens[:-1]]) if n else np.zeros(0)
+        contig = np.r_[False, gaps[1:] == 0] if n else np.zeros(0, bool)
+        max_gap = int(rng.choice([0, 16000, 64 << 10, 500000]))
+        max_read = int(rng.choice([1 << 20, 8 << 20, 8_000_000]))
+        want = [(o, ln) for o, ln, _ in
+                _bulk.plan_reads(offs, lens, max_gap, max_read)]
+        assert sm.coalesce(offs, lens, contig, max_gap, max_read) == want, trial
+
+
 def test_romio_sieve_covers_every_extent_once():
     reads = [(0, 100), (150, 50), (10 << 20, 4096), ((10 << 20) + 8192, 10)]
     out = sm.romio_sieve(reads, 4 << 20)
