@@ -186,15 +186,19 @@ def _io_policy(storage):
     """(max_gap, max_read, region, region_min) for a storage model.
 
     A hole between two needed ranges is read when reading it costs less
-    than a request of its own (gap = per-request cost x bandwidth); dense
-    regions are handed to the page cache whole (WILLNEED).  "local": a
-    local disk or SSD (about 8 us a request with many in flight, at 2 GB/s); "network": a
-    parallel or network filesystem (about 0.5 ms a request at 1 GB/s); or
-    (seconds per request, bytes per second)."""
+    than a request of its own: gap = cost per request x bandwidth, the cost
+    being what a request adds with the reader's many requests in flight
+    (latency / queue depth).  Dense regions are handed to the page cache
+    whole (WILLNEED).  "local": a local disk or SSD (about 8 us a request,
+    2 GB/s); "network": a parallel or network filesystem (0.5 ms a request
+    with 16 in flight, 1 GB/s per client), or (seconds per request, bytes
+    per second).  A larger gap reads more of a sparse (shuffled, sharded)
+    window's holes: at 0.5 ms x 1 GB/s unshared, a shuffled epoch at four
+    ranks read the file 17 times over."""
     if storage == 'local':
         latency, bandwidth = 8e-6, 2e9
     elif storage == 'network':
-        latency, bandwidth = 5e-4, 1e9
+        latency, bandwidth = 5e-4 / 16, 1e9
     else:
         try:
             latency, bandwidth = (float(x) for x in storage)
@@ -206,7 +210,7 @@ def _io_policy(storage):
             raise ValueError('storage: need a request cost >= 0 and a '
                              'bandwidth > 0, not %r' % (storage,))
     gap = int(min(max(latency * bandwidth, 0), 16 << 20))
-    max_read = int(min(max(16 * gap, 1 << 20), 64 << 20))
+    max_read = int(min(max(64 * gap, 1 << 20), 64 << 20))
     region = 1 << 20 if gap < (1 << 20) else 1 << (gap.bit_length())
     return gap, max_read, region, 16
 
