@@ -81,6 +81,7 @@ typedef struct lio_page {
     struct lio_page *prev, *next; /* LRU list (unpinned pages only) */
     unsigned pins;
     int checked;             /* passed lio_check_page() */
+    int ra;                  /* RA_*: how read-ahead brought it (pager.c) */
     uint8_t *data;           /* psize bytes, aligned */
 } lio_page;
 
@@ -94,17 +95,34 @@ struct lio_env {
     size_t table_size;
     size_t npages, max_pages;
     lio_page lru;            /* sentinel: lru.next is the least recent */
-    size_t readahead_pages;
-    pthread_mutex_t ra_lock;  /* guards ra_buf: one read-ahead at a time */
-    uint8_t *ra_buf;          /* reused for every read-ahead block */
-    size_t ra_cap;
+    size_t readahead_pages;   /* leaves a cursor reads ahead (0/1: none) */
+    /* Tree-following read-ahead (lio_page_prefetch), one batch at a time
+     * under ra_lock: */
+    pthread_mutex_t ra_lock;
+    lio_executor ex;          /* several reads in flight; ex.run NULL: serial */
+    lio_plan plan;            /* reused for every batch */
+    int plan_ready;
+    lio_page *spare;          /* entries of dropped batches (hnext chain) */
 };
 
-/* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
- * readahead: a miss reads the surrounding aligned block (sequential scans). */
+/* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned
+ * (a miss reads that page alone: read-ahead is lio_page_prefetch). */
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 int readahead, lio_page **out, lio_error *err);
+                 lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);
+
+/* Is page pgno of snapshot `snap` in the cache?  (No read.) */
+int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno);
+
+/* Read-ahead: bring the pages pgnos[0..n) that are not cached yet into the
+ * cache, in one plan run by the env's executor (several reads in flight,
+ * neighbours coalesced).  At most readahead_pages of them, and never a
+ * check: a damaged page is reported only when a cursor fetches it.  A read
+ * that fails drops the batch and reports nothing (the cursor's own read of
+ * the page it needs reports the error). */
+#define LIO_PREFETCH_MAX 256
+void lio_page_prefetch(lio_env *env, const lio_meta *snap,
+                       const uint64_t *pgnos, size_t n);
 
 /* Read len bytes at file offset off into a buffer that the caller frees
  * with free(); *data points at the first wanted byte.  Fails (without

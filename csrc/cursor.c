@@ -21,7 +21,6 @@ typedef struct tcursor {
     int cmp;
     int flags;
     int subpage;                 /* root is a sub-page inside a leaf */
-    uint64_t last_leaf;          /* leaf pushed last (read-ahead detection) */
     unsigned snum, top;
     lio_page *pin[LIO_MAX_DEPTH];/* pinned cache page per level (lazy unpin) */
     const uint8_t *pg[LIO_MAX_DEPTH];
@@ -105,25 +104,43 @@ static int check_in_tree(tcursor *c, const uint8_t *p, uint32_t size,
     return LIO_SUCCESS;
 }
 
-/* Put page pgno at stack slot `level` and make it the top. */
-static int push_page(tcursor *c, unsigned level, uint64_t pgno, int readahead)
+/* Read-ahead that follows the tree: entering leaf pgno (not cached) from
+ * slot ki of its parent, walking in direction dir, read it together with
+ * the parent's next leaves that way.  In key order, wherever they sit in
+ * the file: neighbours are read in one request, the rest concurrently. */
+static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
+{
+    lio_env *env = c->cur->env;
+    const uint8_t *parent = c->pg[level - 1];
+    unsigned n = pg_numkeys(parent), i = c->ki[level - 1];
+    uint64_t list[LIO_PREFETCH_MAX];
+    size_t m = 0, want = env->readahead_pages;
+    if (want < 2 || lio_page_cached(env, &c->cur->snap, pgno))
+        return;
+    if (want > LIO_PREFETCH_MAX)
+        want = LIO_PREFETCH_MAX;
+    while (m < want && i < n) {
+        list[m++] = nd_child(pg_node(parent, i));
+        if (dir < 0 && i == 0)
+            break;
+        i = dir < 0 ? i - 1 : i + 1;
+    }
+    lio_page_prefetch(env, &c->cur->snap, list, m);
+}
+
+/* Put page pgno at stack slot `level` and make it the top.  dir: the walk
+ * moves forward (1) or backward (-1) through the leaves, or seeks (0). */
+static int push_page(tcursor *c, unsigned level, uint64_t pgno, int dir)
 {
     lio_page *pg;
     int rc;
     if (level >= LIO_MAX_DEPTH || level >= c->db.depth)
         return fail(c, LIO_CORRUPTED, pgno,
                     "tree is deeper than its recorded depth");
-    /* Read ahead around leaves only (branch pages are few and scattered),
-     * and only while the walk meets its leaves in file order: on a
-     * scattered layout every block read ahead would be thrown away. */
-    if (level + 1 == c->db.depth) {
-        readahead = readahead && c->last_leaf && pgno > c->last_leaf &&
-                    pgno - c->last_leaf <= c->cur->env->readahead_pages;
-        c->last_leaf = pgno;
-    } else {
-        readahead = 0;
-    }
-    rc = lio_page_get(c->cur->env, &c->cur->snap, pgno, readahead, &pg,
+    /* Read ahead leaves only (branch pages are few and stay cached). */
+    if (dir && level > 0 && level + 1 == c->db.depth && !c->subpage)
+        tree_prefetch(c, level, pgno, dir);
+    rc = lio_page_get(c->cur->env, &c->cur->snap, pgno, &pg,
                       &c->cur->err);
     if (rc)
         return rc;
@@ -181,7 +198,7 @@ static int node_search(tcursor *c, const lio_val *key, int *exactp)
 
 /* From the current top page down to a leaf. */
 static int search_from_top(tcursor *c, const lio_val *key, int first,
-                           int last, int readahead)
+                           int last, int dir)
 {
     int rc;
     for (;;) {
@@ -203,7 +220,7 @@ static int search_from_top(tcursor *c, const lio_val *key, int first,
         }
         c->ki[c->top] = i;
         if ((rc = push_page(c, c->top + 1, nd_child(pg_node(p, i)),
-                            readahead))) {
+                            dir))) {
             c->flags &= ~(C_INITIALIZED | C_EOF);
             return rc;
         }
@@ -224,7 +241,7 @@ static int page_search(tcursor *c, const lio_val *key, int first, int last)
         if (c->db.root == LIO_EMPTY_ROOT)
             return LIO_NOTFOUND;
         if (!(c->pin[0] && c->pgno[0] == c->db.root)) {
-            if ((rc = push_page(c, 0, c->db.root, first || last))) {
+            if ((rc = push_page(c, 0, c->db.root, 0))) {
                 c->flags &= ~(C_INITIALIZED | C_EOF);
                 return rc;
             }
@@ -232,7 +249,7 @@ static int page_search(tcursor *c, const lio_val *key, int first, int last)
         c->snum = 1;
         c->top = 0;
     }
-    return search_from_top(c, key, first, last, first || last);
+    return search_from_top(c, key, first, last, first ? 1 : last ? -1 : 0);
 }
 
 /* Move the top page to its left or right neighbour through the parents. */
@@ -258,7 +275,7 @@ static int sibling(tcursor *c, int right)
         c->ki[c->top]--;
     }
     rc = push_page(c, c->top + 1,
-                   nd_child(pg_node(parent, c->ki[c->top])), 1);
+                   nd_child(pg_node(parent, c->ki[c->top])), right ? 1 : -1);
     if (rc) {
         c->flags &= ~(C_INITIALIZED | C_EOF);
         return rc;
@@ -891,6 +908,67 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
                  : "invalid cursor operation for the cursor's state");
     }
     return rc;
+}
+
+/* The common step of a scan, for callers that keep their own lock held
+ * (the Python binding keeps the GIL): NEXT or PREV to a neighbour inside
+ * the current leaf whose value sits in the page.  Everything cursor_next /
+ * cursor_prev would do beyond that (another page, duplicates, an overflow
+ * run, the end) is left to lio_cursor_get: this answers 0 and changes
+ * nothing.  No lock is taken and no byte is read. */
+int lio_cursor_step(lio_cursor *cur, lio_val *key, lio_val *data, int forward)
+{
+    tcursor *c = &cur->mc;
+    const uint8_t *p, *nd;
+    unsigned n, ki, to;
+    if ((c->flags & (C_INITIALIZED | C_EOF)) != C_INITIALIZED || !c->snum)
+        return 0;
+    p = top_page(c);
+    if (is_leaf2(p) || !(pg_flags(p) & P_LEAF))
+        return 0;
+    n = pg_numkeys(p);
+    ki = c->ki[c->top];
+    if (ki >= n)
+        return 0;
+    if (forward) {
+        if (ki + 1u >= n)
+            return 0;
+        to = ki + 1;
+    } else {
+        if (ki == 0)
+            return 0;
+        to = ki - 1;
+    }
+    if ((c->db.flags & LIO_DUPSORT) &&
+        (nd_flags(pg_node(p, ki)) & F_DUPDATA))
+        return 0;
+    nd = pg_node(p, to);
+    if (nd_flags(nd) & (F_DUPDATA | F_BIGDATA))
+        return 0;
+    x_reset(c);
+    c->ki[c->top] = to;
+    cur->err.code = 0;
+    key->size = nd_ksize(nd);
+    key->data = nd_key(nd);
+    data->size = nd_dsize(nd);
+    data->data = nd_data(nd);
+    return 1;
+}
+
+static int in_top_page(const tcursor *c, const lio_val *v)
+{
+    const uint8_t *p;
+    if (!c->snum)
+        return 0;
+    p = c->pg[c->top];
+    return v->data >= p && v->size <= c->pgsize[c->top] &&
+           v->data + v->size <= p + c->pgsize[c->top];
+}
+
+int lio_cursor_in_page(const lio_cursor *cur, const lio_val *v)
+{
+    return v->data && (in_top_page(&cur->mc, v) ||
+                       (cur->mc.x && in_top_page(cur->mc.x, v)));
 }
 
 int lio_cursor_count(lio_cursor *cur, uint64_t *count)

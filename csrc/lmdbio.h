@@ -154,6 +154,17 @@ int lio_cursor_get(lio_cursor *c, lio_val *key, lio_val *data,
 int lio_cursor_count(lio_cursor *c, uint64_t *count);
 const lio_error *lio_cursor_error(const lio_cursor *c);
 
+/* The common step of a scan without locks or reads: NEXT (forward) or
+ * PREV to a neighbour in the current leaf whose value is in the page.
+ * 1 with key/data set; 0 (nothing changed) when lio_cursor_get must do
+ * it.  Either way the result is what lio_cursor_get(NEXT / PREV) gives. */
+int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data, int forward);
+
+/* Does v point into a page the cursor holds (pinned in the cache until
+ * the cursor leaves it), rather than into its copy of an overflow value or
+ * into the caller's own input? */
+int lio_cursor_in_page(const lio_cursor *c, const lio_val *v);
+
 /* mdb_get: a SET on cursor c (reused as scratch). */
 int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
 
@@ -206,6 +217,13 @@ typedef struct lio_executor {
     /* Optional (NULL: no cache to advise): a hint about [off, off+len). */
     void (*advise)(void *ctx, uint64_t off, uint64_t len, int advice);
 } lio_executor;
+
+/* Let the env's cursors read ahead through `ex` (several reads in flight):
+ * when a cursor walking its tree enters a leaf that is not cached, the
+ * parent's next leaves (in the walk's direction) are read with it.  Without
+ * an executor those batches are read one read at a time.  `ex` (copied)
+ * must stay usable until lio_env_close, or until a call with NULL. */
+void lio_env_set_executor(lio_env *env, const lio_executor *ex);
 
 /* ---- record index ------------------------------------------------------ */
 

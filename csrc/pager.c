@@ -10,6 +10,15 @@
 
 #include "core.h"
 
+/* Scan resistance.  A page that read-ahead brought in (RA_AHEAD) and that
+ * a cursor then used once (RA_USED) goes to the cold end of the LRU list
+ * when released, and its entry is recycled first, even while the cache is
+ * under budget: a long scan cycles through a few entries that stay in the
+ * CPU's caches instead of filling the budget with pages it will not visit
+ * again (and paying for fresh memory).  A second use makes it an ordinary
+ * page (RA_NONE). */
+enum { RA_NONE, RA_AHEAD, RA_USED };
+
 /* Page-aligned buffers: copies into them run at full speed (benchmarks.md)
  * and they satisfy O_DIRECT. */
 #define BUF_ALIGN(env) ((env)->align > 4096 ? (env)->align : 4096)
@@ -32,6 +41,14 @@ static void lru_push(lio_env *env, lio_page *pg)
     pg->next = &env->lru;
     env->lru.prev->next = pg;
     env->lru.prev = pg;
+}
+
+static void lru_push_cold(lio_env *env, lio_page *pg)
+{
+    pg->next = env->lru.next;
+    pg->prev = &env->lru;
+    env->lru.next->prev = pg;
+    env->lru.next = pg;
 }
 
 static lio_page *lookup(lio_env *env, uint64_t pgno, uint64_t txnid)
@@ -57,7 +74,14 @@ static void table_remove(lio_env *env, lio_page *pg)
 static lio_page *take_entry(lio_env *env)
 {
     lio_page *pg;
-    if (env->npages >= env->max_pages && env->lru.next != &env->lru) {
+    if (env->spare) {
+        pg = env->spare;
+        env->spare = pg->hnext;
+        pg->hnext = NULL;
+        return pg;
+    }
+    if (env->lru.next != &env->lru &&
+        (env->npages >= env->max_pages || env->lru.next->ra == RA_USED)) {
         pg = env->lru.next;
         lru_unlink(pg);
         table_remove(env, pg);
@@ -205,6 +229,7 @@ static void pin(lio_env *env, lio_page *pg)
     (void)env;
     if (pg->pins++ == 0 && pg->next)
         lru_unlink(pg);
+    pg->ra = pg->ra == RA_AHEAD ? RA_USED : RA_NONE;
 }
 
 void lio_page_unpin(lio_env *env, lio_page *pg)
@@ -212,17 +237,19 @@ void lio_page_unpin(lio_env *env, lio_page *pg)
     if (!pg)
         return;
     pthread_mutex_lock(&env->lock);
-    if (--pg->pins == 0)
-        lru_push(env, pg);
+    if (--pg->pins == 0) {
+        if (pg->ra == RA_USED)
+            lru_push_cold(env, pg);
+        else
+            lru_push(env, pg);
+    }
     pthread_mutex_unlock(&env->lock);
 }
 
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 int readahead, lio_page **out, lio_error *err)
+                 lio_page **out, lio_error *err)
 {
-    lio_page *pg;
-    uint64_t first, count, file_pages;
-    const uint8_t *data;
+    lio_page *pg, *e;
     int rc;
 
     *out = NULL;
@@ -246,64 +273,44 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         *out = pg;
         return LIO_SUCCESS;
     }
+    pg = take_entry(env);
     pthread_mutex_unlock(&env->lock);
+    if (!pg)
+        return lio_fail(err, LIO_ENOMEM, pgno,
+                        "page %llu: out of memory for the page cache",
+                        (unsigned long long)pgno);
 
-    if ((rc = lio_check_extent(env, pgno * env->psize, env->psize, pgno, err)))
-        return rc;
-    first = pgno;
-    count = 1;
-    if (readahead && env->readahead_pages > 1) {
-        file_pages = env->file_size / env->psize;
-        first = pgno - pgno % env->readahead_pages;
-        if (first < 2)
-            first = 2;
-        count = env->readahead_pages - (first % env->readahead_pages);
-        if (first + count > snap->last_pg + 1)
-            count = snap->last_pg + 1 - first;
-        if (first + count > file_pages)
-            count = file_pages - first;
-    }
-    /* One reused buffer: a fresh 256 KiB allocation per miss costs more in
-     * mmap/munmap and page faults than the read itself. */
-    pthread_mutex_lock(&env->ra_lock);
-    rc = lio_read_into(env, first * env->psize, (size_t)(count * env->psize),
-                       &env->ra_buf, &env->ra_cap, &data, pgno, err);
-    if (rc) {
-        pthread_mutex_unlock(&env->ra_lock);
-        return rc;
-    }
-
+    /* Read straight into the entry (page-aligned: O_DIRECT works too). */
+    rc = lio_check_extent(env, pgno * env->psize, env->psize, pgno, err);
+    if (rc == LIO_SUCCESS)
+        rc = read_exact(env, pgno * env->psize, pg->data, env->psize,
+                        env->psize, pgno, err);
     pthread_mutex_lock(&env->lock);
-    for (uint64_t i = 0; i < count; i++) {
-        uint64_t n = first + i;
-        lio_page *e = lookup(env, n, snap->txnid);
-        if (!e) {
-            e = take_entry(env);
-            if (!e) {
-                if (n != pgno)
-                    continue;
-                pthread_mutex_unlock(&env->lock);
-                pthread_mutex_unlock(&env->ra_lock);
-                return lio_fail(err, LIO_ENOMEM, pgno,
-                                "page %llu: out of memory for the page cache",
-                                (unsigned long long)pgno);
-            }
-            e->pgno = n;
-            e->txnid = snap->txnid;
-            e->pins = 0;
-            e->checked = 0;
-            memcpy(e->data, data + i * env->psize, env->psize);
-            e->hnext = env->table[page_hash(env, n)];
-            env->table[page_hash(env, n)] = e;
-            lru_push(env, e);
-        }
-        if (n == pgno)
-            pg = e;
+    if (rc) {
+        pg->hnext = env->spare;
+        env->spare = pg;
+        pthread_mutex_unlock(&env->lock);
+        return rc;
+    }
+    e = lookup(env, pgno, snap->txnid);
+    if (e) {
+        /* Another thread read it meanwhile: use that one. */
+        pg->hnext = env->spare;
+        env->spare = pg;
+        pg = e;
+    } else {
+        pg->pgno = pgno;
+        pg->txnid = snap->txnid;
+        pg->pins = 0;
+        pg->checked = 0;
+        pg->ra = RA_NONE;
+        pg->hnext = env->table[page_hash(env, pgno)];
+        env->table[page_hash(env, pgno)] = pg;
+        pg->prev = pg->next = NULL;
     }
     pin(env, pg);
     rc = validate(env, pg, err);
     pthread_mutex_unlock(&env->lock);
-    pthread_mutex_unlock(&env->ra_lock);
     if (rc) {
         lio_page_unpin(env, pg);
         return rc;
@@ -312,23 +319,147 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
     return LIO_SUCCESS;
 }
 
+int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno)
+{
+    int hit;
+    pthread_mutex_lock(&env->lock);
+    hit = lookup(env, pgno, snap->txnid) != NULL;
+    pthread_mutex_unlock(&env->lock);
+    return hit;
+}
+
+void lio_env_set_executor(lio_env *env, const lio_executor *ex)
+{
+    pthread_mutex_lock(&env->ra_lock);
+    if (ex)
+        env->ex = *ex;
+    else
+        memset(&env->ex, 0, sizeof env->ex);
+    pthread_mutex_unlock(&env->ra_lock);
+}
+
+/* Without an executor: each wanted span on its own (gap bytes skipped). */
+static int run_serial(lio_env *env, const lio_plan *plan, lio_error *err)
+{
+    for (size_t r = 0; r < plan->nreads; r++) {
+        const lio_read *rd = &plan->reads[r];
+        uint64_t off = rd->off;
+        for (size_t i = 0; i < rd->nseg; i++) {
+            const lio_seg *sg = &plan->segs[rd->first_seg + i];
+            int rc;
+            if (sg->dst != plan->sink &&
+                (rc = read_exact(env, off, sg->dst, sg->len, sg->len,
+                                 off / env->psize, err)))
+                return rc;
+            off += sg->len;
+        }
+    }
+    return LIO_SUCCESS;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Pages this close are read in one request with the bytes between. */
+#define PREFETCH_GAP (4u << 12)
+
+void lio_page_prefetch(lio_env *env, const lio_meta *snap,
+                       const uint64_t *pgnos, size_t n)
+{
+    uint64_t want[LIO_PREFETCH_MAX];
+    lio_page *batch[LIO_PREFETCH_MAX];
+    size_t m = 0, k = 0, limit = env->readahead_pages;
+    uint64_t file_pages;
+    lio_error err;
+    int rc = LIO_SUCCESS;
+
+    if (limit > LIO_PREFETCH_MAX)
+        limit = LIO_PREFETCH_MAX;
+    if (n > limit)
+        n = limit;
+    if (n == 0 || env->align > env->psize || env->psize % env->align)
+        return;
+    memcpy(want, pgnos, n * sizeof *want);
+    qsort(want, n, sizeof *want, cmp_u64);
+
+    pthread_mutex_lock(&env->ra_lock);
+    if (!env->plan_ready) {
+        /* (O_DIRECT cannot read gaps into the unaligned sink) */
+        size_t gap = env->align > 1 ? 0 : PREFETCH_GAP;
+        /* Neighbours in one request (an appended layout: one read per
+         * batch, no thread hand-off); scattered leaves concurrently. */
+        lio_plan_init(&env->plan, gap, LIO_PREFETCH_MAX * (size_t)env->psize);
+        env->plan_ready = 1;
+    }
+    lio_plan_reset(&env->plan);
+    pthread_mutex_lock(&env->lock);
+    file_pages = env->file_size / env->psize;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t pgno = want[i];
+        lio_page *e;
+        if (pgno < 2 || pgno > snap->last_pg || pgno >= file_pages ||
+            (m && want[m - 1] == pgno) || lookup(env, pgno, snap->txnid))
+            continue;
+        if (!(e = take_entry(env)))
+            break;
+        e->pgno = pgno;
+        e->txnid = snap->txnid;
+        e->pins = 0;
+        e->checked = 0;
+        e->ra = RA_AHEAD;
+        want[m] = pgno;
+        batch[m++] = e;
+    }
+    pthread_mutex_unlock(&env->lock);
+
+    for (k = 0; k < m && rc == LIO_SUCCESS; k++)
+        rc = lio_plan_add(&env->plan, want[k] * env->psize, batch[k]->data,
+                          env->psize);
+    if (rc == LIO_SUCCESS && m)
+        rc = env->ex.run ? env->ex.run(env->ex.ctx, &env->plan, &err)
+                         : run_serial(env, &env->plan, &err);
+
+    pthread_mutex_lock(&env->lock);
+    for (k = 0; k < m; k++) {
+        lio_page *e = batch[k];
+        if (rc == LIO_SUCCESS && !lookup(env, e->pgno, e->txnid)) {
+            e->hnext = env->table[page_hash(env, e->pgno)];
+            env->table[page_hash(env, e->pgno)] = e;
+            lru_push(env, e);
+        } else {
+            e->hnext = env->spare;
+            env->spare = e;
+        }
+    }
+    pthread_mutex_unlock(&env->lock);
+    pthread_mutex_unlock(&env->ra_lock);
+}
+
+static void free_chain(lio_page *pg)
+{
+    while (pg) {
+        lio_page *next = pg->hnext;
+        free(pg->data);
+        free(pg);
+        pg = next;
+    }
+}
+
 void lio_env_close(lio_env *env)
 {
     if (!env)
         return;
     if (env->table) {
-        for (size_t i = 0; i < env->table_size; i++) {
-            lio_page *pg = env->table[i];
-            while (pg) {
-                lio_page *next = pg->hnext;
-                free(pg->data);
-                free(pg);
-                pg = next;
-            }
-        }
+        for (size_t i = 0; i < env->table_size; i++)
+            free_chain(env->table[i]);
         free(env->table);
     }
-    free(env->ra_buf);
+    free_chain(env->spare);
+    if (env->plan_ready)
+        lio_plan_free(&env->plan);
     pthread_mutex_destroy(&env->ra_lock);
     pthread_mutex_destroy(&env->lock);
     free(env);

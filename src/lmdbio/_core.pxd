@@ -110,6 +110,9 @@ cdef extern from "lmdbio.h" nogil:
     int lio_cursor_count(lio_cursor *c, uint64_t *count)
     const lio_error *lio_cursor_error(const lio_cursor *c)
     int lio_get(lio_cursor *c, const lio_val *key, lio_val *data)
+    int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data,
+                        int forward)
+    int lio_cursor_in_page(const lio_cursor *c, const lio_val *v)
 
     ctypedef struct lio_posix:
         pass
@@ -181,6 +184,7 @@ cdef extern from "lmdbio.h" nogil:
     void lio_pool_stats(const lio_pool *pool, uint64_t *requests,
                         uint64_t *nbytes)
     void lio_pool_close(lio_pool *pool)
+    void lio_env_set_executor(lio_env *env, const lio_executor *ex)
 
     int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,

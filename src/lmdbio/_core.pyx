@@ -20,13 +20,21 @@ Internal hooks (used by lmdbio's ``mdb_stat``/``mdb_dump`` clones)::
 
 Notes on behaviour:
 
-- The GIL is released around lio_cursor_get / lio_get / snapshots / opens
-  (as py-lmdb releases it around mdb_cursor_get).  Measured cost: ~25 ns per
-  cursor step on cached pages (~20%); iteration stays at about py-lmdb's
-  speed, and a cache miss (a real read) never blocks other threads.
-- ``buffers=True`` returns read-only memoryviews of private copies: the
-  core's page memory is reused after the cursor's next operation, so a view
-  onto it could dangle.
+- A cursor step that stays inside the current leaf (the common case of a
+  scan) runs with the GIL held and without locks (lio_cursor_step); the GIL
+  is released around every other lio_cursor_get / lio_get, snapshots and
+  opens, so a cache miss (a real read) never blocks other threads.
+- Read-ahead follows the tree: a cursor entering a leaf that is not cached
+  reads the next leaves its parent names with it, several reads in flight
+  (a pool of reader threads per environment, joined when it closes).
+  ``readahead=False`` turns it off.  Test hooks: ``$LMDBIO_READAHEAD_BYTES``
+  overrides the read-ahead size (0: off), ``$LMDBIO_CURSOR_FASTPATH=0``
+  sends every step through lio_cursor_get.
+- ``buffers=True`` returns read-only memoryviews onto the page the cursor
+  holds (values in overflow pages: onto private copies).  As py-lmdb
+  documents for its own buffers, they are valid until the next operation
+  on the cursor (for ``Transaction.get``: on the transaction) and must not
+  be used after it: the page may be evicted and reused.
 - Database handles follow liblmdb's DBI table as py-lmdb exposes it: a
   handle opened after a transaction began is unknown to that transaction
   (``InvalidParameterError``) unless opened with ``txn=`` it; a handle opened
@@ -41,8 +49,9 @@ cimport cython
 from cpython.bytes cimport (PyBytes_FromStringAndSize, PyBytes_AS_STRING,
                             PyBytes_GET_SIZE, PyBytes_CheckExact)
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
-                             PyBUF_SIMPLE)
+                             PyBUF_SIMPLE, PyBUF_READ)
 from cpython.unicode cimport PyUnicode_Check
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcpy, memset, memchr, strlen
 from libc.stdlib cimport malloc, free
@@ -118,8 +127,11 @@ cdef int EINVAL_ = 22
 # Environment flag liblmdb keeps in mm_dbs[0].md_flags for subdir=False files.
 cdef unsigned MDB_NOSUBDIR = 0x4000
 
-#: the readahead a cache miss on a tree page uses with readahead=True.
+#: how far a cursor reads ahead (in leaves of this many bytes) with
+#: readahead=True.
 READAHEAD_BYTES = 256 * 1024
+#: reader threads per environment for the cursors' read-ahead.
+READAHEAD_THREADS = 4
 
 _FSENC = _sys.getfilesystemencoding()
 
@@ -173,13 +185,17 @@ cdef inline object _val_bytes(const lio_val *v):
     return PyBytes_FromStringAndSize(<const char *>v.data, v.size)
 
 
-cdef inline object _val_obj(const lio_val *v, bint buffers):
-    # buffers=True: a read-only memoryview, as py-lmdb gives.  It views a
-    # private copy: the core's page memory is reused after the next
-    # operation, so a view onto it could dangle.
+cdef inline object _cur_val(lio_cursor *c, const lio_val *v, bint buffers):
+    # buffers=True: a read-only view onto the pinned page when the bytes are
+    # in it (valid until the cursor's next operation, as py-lmdb's).
     if buffers:
+        if v.size and lio_cursor_in_page(c, v):
+            return PyMemoryView_FromMemory(<char *>v.data, v.size, PyBUF_READ)
+        # elsewhere (an overflow value, the caller's input): a private copy
         return memoryview(_val_bytes(v))
-    return _val_bytes(v)
+    if v.size == 0:
+        return b''
+    return PyBytes_FromStringAndSize(<const char *>v.data, v.size)
 
 
 cdef dict _dbrec_dict(const lio_dbrec *r):
@@ -409,6 +425,7 @@ cdef class Environment:
     ``pickle.loads`` opens the environment again in the new process.
     """
     cdef lio_posix *_posix
+    cdef lio_pool *_pool      # reader threads of the cursors' read-ahead
     cdef object _mpisrc       # _MPISource with engine="mpiio"
     cdef object _comm         # lmdbio's duplicate of comm=, or None
     cdef public object _coll  # lmdbio.mpi.Collective over _comm
@@ -420,6 +437,7 @@ cdef class Environment:
     cdef bytes _dpath_b
     cdef bint _subdir, _readonly, _metasync, _sync, _map_async, _readahead
     cdef bint _writemap, _meminit, _use_lock
+    cdef bint _fastpath       # cursors step inside a leaf without the core
     cdef size_t _map_size_arg
     cdef uint64_t _mapsize
     cdef unsigned _max_readers, _max_dbs
@@ -444,6 +462,7 @@ cdef class Environment:
 
     def __cinit__(self):
         self._posix = NULL
+        self._pool = NULL
         self._env = NULL
         self._lock = NULL
 
@@ -482,6 +501,8 @@ cdef class Environment:
         cdef bytes lpath_b
         cdef const char *clpath
         cdef unsigned c_maxr, c_mode
+        cdef lio_executor ex
+        cdef unsigned c_threads
 
         if self._env != NULL:
             raise Error('Environment already initialised')
@@ -562,12 +583,24 @@ cdef class Environment:
 
         c_cache = cache_bytes
         c_ra = READAHEAD_BYTES if self._readahead else 0
+        ra_env = _os.environ.get('LMDBIO_READAHEAD_BYTES')
+        if ra_env and self._readahead:
+            c_ra = int(ra_env)
         with nogil:
             rc = lio_env_open(&self._env, &self._src, c_cache, c_ra, &err)
         if rc:
             self._free_handles()
             raise _core_error(self._path, rc, &err, self._dpath)
         self._psize = lio_env_psize(self._env)
+        self._fastpath = _os.environ.get('LMDBIO_CURSOR_FASTPATH') != '0'
+        if c_ra and self._posix != NULL:
+            c_threads = READAHEAD_THREADS
+            with nogil:
+                rc = lio_pool_open(&self._pool, self._posix, c_threads, &err)
+            if rc == 0:
+                lio_pool_get_executor(self._pool, &ex)
+                lio_env_set_executor(self._env, &ex)
+            # else: read-ahead reads one request at a time
 
         with nogil:
             rc = lio_env_snapshot(self._env, 0, &snap, &err)
@@ -611,6 +644,9 @@ cdef class Environment:
         if self._env != NULL:
             lio_env_close(self._env)
             self._env = NULL
+        if self._pool != NULL:
+            lio_pool_close(self._pool)
+            self._pool = NULL
         if self._posix != NULL:
             lio_posix_close(self._posix)
             self._posix = NULL
@@ -1560,7 +1596,7 @@ cdef class Transaction:
                                    lio_cursor_error(self._scratch))
         if self.env._lock == NULL:
             self._count_read()
-        return _val_obj(&dv, self._buffers)
+        return _cur_val(self._scratch, &dv, self._buffers)
 
     def cursor(self, db=None):
         """Shortcut for ``lmdbio.Cursor(db, self)``"""
@@ -1644,6 +1680,7 @@ cdef class Cursor:
     cdef lio_cursor *_c
     cdef bint positioned
     cdef bint _buffers
+    cdef bint _fast           # try lio_cursor_step before lio_cursor_get
     cdef unsigned _dbflags
     cdef lio_val _key
     cdef lio_val _val
@@ -1681,6 +1718,7 @@ cdef class Cursor:
         self.txn = t
         self.db = <_Database>db
         self._buffers = t._buffers
+        self._fast = t.env._fastpath
         self._dbflags = (<_Database>db).dbflags
         if t._cursors is None:
             t._cursors = []
@@ -1724,12 +1762,22 @@ cdef class Cursor:
     cdef int _get(self, lio_cursor_op op) except -1:
         """One core op; py-lmdb's bookkeeping around mdb_cursor_get."""
         cdef int rc
-        with nogil:
-            rc = lio_cursor_get(self._c, &self._key, &self._val, op)
+        cdef Transaction t
+        if (self._fast and (op == LIO_NEXT or op == LIO_PREV) and
+                lio_cursor_step(self._c, &self._key, &self._val,
+                                op == LIO_NEXT)):
+            # inside the leaf: no read, no lock, no GIL round trip
+            rc = 0
+        else:
+            with nogil:
+                rc = lio_cursor_get(self._c, &self._key, &self._val, op)
         if rc == 0:
             self.positioned = True
-            if self.txn.env._lock == NULL:
-                self.txn._count_read()
+            t = self.txn
+            if t.env._lock == NULL:
+                t._ops += 1
+                if t._ops >= 1024:
+                    t._check_snapshot('mdb_cursor_get')
             return 0
         self.positioned = False
         self._key.size = 0
@@ -1770,14 +1818,14 @@ cdef class Cursor:
         return self.positioned
 
     cdef inline object _k(self):
-        return _val_obj(&self._key, self._buffers)
+        return _cur_val(self._c, &self._key, self._buffers)
 
     cdef inline object _v(self):
-        return _val_obj(&self._val, self._buffers)
+        return _cur_val(self._c, &self._val, self._buffers)
 
     cdef inline object _item(self):
-        return (_val_obj(&self._key, self._buffers),
-                _val_obj(&self._val, self._buffers))
+        return (_cur_val(self._c, &self._key, self._buffers),
+                _cur_val(self._c, &self._val, self._buffers))
 
     # ---- reading the current position -----------------------------------
 
@@ -2112,11 +2160,11 @@ cdef class _Iterator:
                 raise StopIteration
         self.started = True
         if self.kind == 0:
-            return (_val_obj(&c._key, c._buffers),
-                    _val_obj(&c._val, c._buffers))
+            return (_cur_val(c._c, &c._key, c._buffers),
+                    _cur_val(c._c, &c._val, c._buffers))
         if self.kind == 1:
-            return _val_obj(&c._key, c._buffers)
-        return _val_obj(&c._val, c._buffers)
+            return _cur_val(c._c, &c._key, c._buffers)
+        return _cur_val(c._c, &c._val, c._buffers)
 
 
 

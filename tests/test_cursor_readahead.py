@@ -1,0 +1,307 @@
+"""The drop-in cursor's fast paths never change a result.
+
+* The in-leaf step (lio_cursor_step, taken with the GIL held) against the
+  simple path (every step through lio_cursor_get, $LMDBIO_CURSOR_FASTPATH=0)
+  and against py-lmdb, on trees of several levels and every kind of node
+  (duplicates, sub-pages, sub-databases, overflow values).
+* Read-ahead that follows the tree, forced off, on, and on with a tiny
+  cache (read-ahead batches evicted before they are used).
+* A damaged leaf that only read-ahead reached raises nothing until the
+  cursor needs it.
+* Reader threads and cursors: a scan abandoned midway, a transaction ended
+  mid-scan, then the environment closed leave no thread behind.
+* buffers=True: views onto the page, equal to the copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+
+import pytest
+
+from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch,
+                           sample_ops, write_env, write_items)
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+lmdb = pytest.importorskip("lmdb")
+lmdbio = pytest.importorskip("lmdbio")
+
+SPECS = ["plain", "dupsort", "dupsort_dupfixed", "reversekey", "integerkey4"]
+
+# (name, environment variables, open() keywords)
+CONFIGS = [
+    ("simple", {"LMDBIO_CURSOR_FASTPATH": "0"}, {"readahead": False}),
+    ("fast-no-readahead", {}, {"readahead": False}),
+    ("fast-readahead", {}, {}),
+    ("readahead-tiny-cache", {"LMDBIO_READAHEAD_BYTES": str(1 << 20)},
+     {"cache_bytes": 0}),
+    ("readahead-2-leaves", {"LMDBIO_READAHEAD_BYTES": "8192"},
+     {"cache_bytes": 0}),
+]
+
+
+@contextlib.contextmanager
+def environ(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update(kv)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def open_sub(path, cfg):
+    _name, env_vars, kw = cfg
+    with environ(**env_vars):
+        return lmdbio.open(path, readonly=True, lock=False, max_dbs=4, **kw)
+
+
+def build(path, spec_id, n_keys=700):
+    """A tree of 3 levels on 4 KiB pages: many leaves, written in a
+    scattered key order so that key order jumps around the file."""
+    spec = COMBOS_BY_ID[spec_id]
+    ops = sample_ops(spec, n_keys=n_keys, dups=40 if spec.dupsort else 1,
+                     big_every=0 if spec.dupsort else 29)
+    order = sorted(range(len(ops)), key=lambda i: (i * 7919) % len(ops))
+    ops = [ops[i] for i in order]
+    write_env(path, {b"t": (spec, ops)})
+    return spec
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    out = {}
+    for sid in SPECS:
+        p = str(tmp_path_factory.mktemp(sid))
+        out[sid] = (p, build(p, sid))
+    return out
+
+
+def norm(x):
+    if isinstance(x, tuple):
+        return tuple(norm(i) for i in x)
+    if isinstance(x, list):
+        return [norm(i) for i in x]
+    if isinstance(x, memoryview):
+        return x.tobytes()
+    return x
+
+
+def run(env, program, buffers):
+    """Apply `program` to a cursor of db b"t"; the results, normalised."""
+    out = []
+    db = env.open_db(b"t")
+    with env.begin(db=db, buffers=buffers) as txn:
+        cur = txn.cursor()
+        for step in program:
+            op = step[0]
+            try:
+                if op == "iter":
+                    _, meth, take = step
+                    it = getattr(cur, meth)()
+                    got = []
+                    for item in it:
+                        got.append(norm(item))
+                        if len(got) >= take:
+                            break
+                    out.append(got)
+                elif op in ("set_key", "set_range"):
+                    out.append((getattr(cur, op)(step[1]), norm(cur.item())))
+                elif op == "get":
+                    out.append(norm(txn.get(step[1])))
+                else:
+                    r = getattr(cur, op)()
+                    out.append((r, norm(cur.item())))
+            except Exception as e:  # both sides must raise the same
+                out.append(("raised", type(e).__name__))
+    return out
+
+
+MOVES = ["first", "last", "next", "prev", "next_nodup", "prev_nodup",
+         "next_dup", "prev_dup", "first_dup", "last_dup"]
+ITERS = ["iternext", "iterprev", "iternext_nodup", "iterprev_nodup",
+         "iternext_dup", "iterprev_dup"]
+
+
+@st.composite
+def program_st(draw, spec):
+    steps = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["move"] * 5 + ["iter"] * 3 +
+                                    ["seek", "get"]))
+        if kind == "move":
+            steps.append((draw(st.sampled_from(MOVES)),))
+        elif kind == "iter":
+            steps.append(("iter", draw(st.sampled_from(ITERS)),
+                          draw(st.integers(1, 3000))))
+        else:
+            key = spec.make_key(draw(st.integers(0, 760)))
+            op = draw(st.sampled_from(["set_key", "set_range"])) \
+                if kind == "seek" else "get"
+            steps.append((op, key))
+    return steps
+
+
+@pytest.mark.parametrize("spec_id", SPECS)
+def test_fast_and_readahead_match_simple_and_pylmdb(trees, spec_id):
+    path, spec = trees[spec_id]
+    ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+    subs = [(c[0], open_sub(path, c)) for c in CONFIGS]
+    try:
+        @settings(max_examples=25)
+        @given(program=program_st(spec), buffers=st.booleans())
+        def inner(program, buffers):
+            want = run(ref, program, buffers)
+            for name, env in subs:
+                assert run(env, program, buffers) == want, name
+        inner()
+    finally:
+        ref.close()
+        for _name, env in subs:
+            env.close()
+
+
+@pytest.mark.parametrize("spec_id", SPECS)
+def test_full_walks_every_config(trees, spec_id):
+    """Whole scans both ways, with and without buffers: every config gives
+    py-lmdb's sequence."""
+    path, _spec = trees[spec_id]
+    ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+    try:
+        for buffers in (False, True):
+            want = {m: run(ref, [("iter", m, 10 ** 6)], buffers)
+                    for m in ("iternext", "iterprev")}
+            assert len(want["iternext"][0]) > 500
+            for cfg in CONFIGS:
+                env = open_sub(path, cfg)
+                try:
+                    for m, w in want.items():
+                        assert run(env, [("iter", m, 10 ** 6)], buffers) == w, \
+                            (cfg[0], m)
+                finally:
+                    env.close()
+    finally:
+        ref.close()
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_no_thread_or_cursor_left_behind(trees):
+    path, _spec = trees["plain"]
+    base = _threads()
+    env = open_sub(path, CONFIGS[2])
+    db = env.open_db(b"t")
+    txn = env.begin(db=db)
+    cur = txn.cursor()
+    it = iter(cur)
+    for _ in range(50):          # stop mid-scan, read-ahead done
+        next(it)
+    txn2 = env.begin(db=db)
+    for _i, _kv in zip(range(300), txn2.cursor()):
+        pass
+    txn2.abort()                 # transaction ends mid-scan
+    with pytest.raises(lmdbio.Error):
+        txn2.cursor()
+    assert _threads() >= base
+    env.close()                  # with a cursor still open
+    with pytest.raises(lmdbio.Error):
+        next(it)
+    del it, cur, txn
+    assert _threads() == base
+
+
+def _leaves_in_key_order(path, db=b"t"):
+    f = LmdbFile(path)
+    leaves = f.leaves(db.decode())
+    return f, sorted(leaves, key=lambda p: p.nodes[0].key)
+
+
+def test_damaged_leaf_reached_only_by_readahead(tmp_path):
+    """Leaf 6 in key order is damaged: a read-ahead batch holds it, yet the
+    first five leaves read cleanly; the error comes when the cursor gets
+    there, as without read-ahead."""
+    path = str(tmp_path)
+    items = [(b"%06d" % i, b"v" * 300) for i in range(2000)]
+    write_items(path, items, name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    assert len(leaves) > 20
+    bad = leaves[6]
+    before = sum(len(p.nodes) for p in leaves[:6])
+    # flags 0x00: neither branch nor leaf
+    patch(f.path, bad.pgno * f.psize + 10, "<H", 0)
+    for cfg in CONFIGS:
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                got = []
+                with pytest.raises(lmdbio.CorruptedError):
+                    for k, v in txn.cursor():
+                        got.append((k, v))
+                assert got == items[:before], cfg[0]
+                # lookups in the healthy leaves still work
+                assert txn.get(items[0][0]) == items[0][1]
+                assert txn.get(items[before - 1][0]) == items[before - 1][1]
+        finally:
+            env.close()
+
+
+def _syscr():
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("syscr:"):
+                return int(line.split()[1])
+    raise AssertionError("no syscr in /proc/self/io")
+
+
+def test_readahead_reads_neighbouring_leaves_together(tmp_path):
+    """An appended layout: the leaves a scan meets next are read in few
+    large requests with read-ahead, one request per leaf without."""
+    path = str(tmp_path)
+    write_items(path, [(b"%07d" % i, b"x" * 200) for i in range(20000)],
+                name=b"t")
+    nleaves = len(_leaves_in_key_order(path)[1])
+    counts = {}
+    for cfg in (CONFIGS[1], CONFIGS[2]):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                r0 = _syscr()
+                n = sum(1 for _ in txn.cursor())
+                counts[cfg[0]] = _syscr() - r0
+                assert n == 20000
+        finally:
+            env.close()
+    assert counts["fast-no-readahead"] >= nleaves
+    assert counts["fast-readahead"] * 4 < nleaves
+
+
+def test_buffers_view_the_page(tmp_path):
+    path = str(tmp_path)
+    items = [(b"%05d" % i, b"%d" % i * (1 + i % 50)) for i in range(3000)]
+    items.append((b"zbig", b"B" * 20000))   # an overflow value
+    write_items(path, items)
+    env = lmdbio.open(path, readonly=True, lock=False)
+    try:
+        with env.begin(buffers=True) as txn:
+            got = []
+            for k, v in txn.cursor():
+                assert isinstance(k, memoryview) and k.readonly
+                assert isinstance(v, memoryview) and v.readonly
+                got.append((bytes(k), bytes(v)))
+            assert got == sorted(items)
+            v = txn.get(b"zbig")
+            assert isinstance(v, memoryview) and bytes(v) == b"B" * 20000
+            assert bytes(txn.get(b"00007")) == items[7][1]
+    finally:
+        env.close()
