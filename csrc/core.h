@@ -103,12 +103,19 @@ struct lio_env {
     lio_plan plan;            /* reused for every batch */
     int plan_ready;
     lio_page *spare;          /* entries of dropped batches (hnext chain) */
+    int device_reads;         /* > 0: recent timed reads were slow (no
+                               * lock: a hint) */
+    int assume_device;        /* lio_env_assume_device */
+    uint8_t *around_map;      /* blocks read around (pager.c) */
+    uint64_t around_bits;
 };
 
-/* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned
- * (a miss reads that page alone: read-ahead is lio_page_prefetch). */
+/* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
+ * A miss reads that page alone (read-ahead is lio_page_prefetch), except
+ * with `around` (a leaf a seek lands on) while reads come from the device
+ * rather than the OS cache: then the aligned block around it. */
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 lio_page **out, lio_error *err);
+                 int around, lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);
 
 /* Is page pgno of snapshot `snap` in the cache?  (No read.) */

@@ -225,6 +225,11 @@ typedef struct lio_executor {
  * must stay usable until lio_env_close, or until a call with NULL. */
 void lio_env_set_executor(lio_env *env, const lio_executor *ex);
 
+/* Read as if every read came from the device, never from the OS cache
+ * (the timing that tells them apart is then ignored): read-around blocks
+ * and every read of a batch in flight.  For tests of that path. */
+void lio_env_assume_device(lio_env *env, int on);
+
 /* ---- record index ------------------------------------------------------ */
 
 /* Ordinal <-> (leaf, slot) for one tree of one snapshot, built from the

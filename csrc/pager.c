@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "core.h"
 
@@ -246,10 +247,37 @@ void lio_page_unpin(lio_env *env, lio_page *pg)
     pthread_mutex_unlock(&env->lock);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A read slower than this came from the device, not the OS page cache
+ * (which serves a page in a microsecond or two). */
+#define DEVICE_READ_NS 15000u
+/* A slow read makes the next DEVICE_STICKY timed reads assume the device
+ * (a batch the OS cache happened to serve says little about the next). */
+#define DEVICE_STICKY 16
+static void note_read(lio_env *env, int slow)
+{
+    int d = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
+    if (env->assume_device)
+        slow = 1;
+    __atomic_store_n(&env->device_reads, slow ? DEVICE_STICKY : d ? d - 1 : 0,
+                     __ATOMIC_RELAXED);
+}
+
+/* Read-around on a slow device: the aligned block of pages (as a page
+ * fault of a mapping reads around the faulting page). */
+#define AROUND_PAGES 32u
+
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 lio_page **out, lio_error *err)
+                 int around, lio_page **out, lio_error *err)
 {
     lio_page *pg, *e;
+    uint64_t t0;
     int rc;
 
     *out = NULL;
@@ -273,6 +301,24 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         *out = pg;
         return LIO_SUCCESS;
     }
+    if (around && env->readahead_pages > 1 &&
+        __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED)) {
+        pthread_mutex_unlock(&env->lock);
+        lio_page_prefetch(env, snap, &pgno, 1);   /* reads around it */
+        pthread_mutex_lock(&env->lock);
+        if ((pg = lookup(env, pgno, snap->txnid))) {
+            pin(env, pg);
+            pg->ra = RA_NONE;
+            rc = validate(env, pg, err);
+            pthread_mutex_unlock(&env->lock);
+            if (rc) {
+                lio_page_unpin(env, pg);
+                return rc;
+            }
+            *out = pg;
+            return LIO_SUCCESS;
+        }
+    }
     pg = take_entry(env);
     pthread_mutex_unlock(&env->lock);
     if (!pg)
@@ -282,9 +328,12 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
 
     /* Read straight into the entry (page-aligned: O_DIRECT works too). */
     rc = lio_check_extent(env, pgno * env->psize, env->psize, pgno, err);
+    t0 = now_ns();
     if (rc == LIO_SUCCESS)
         rc = read_exact(env, pgno * env->psize, pg->data, env->psize,
                         env->psize, pgno, err);
+    if (around)
+        note_read(env, now_ns() - t0 > DEVICE_READ_NS);
     pthread_mutex_lock(&env->lock);
     if (rc) {
         pg->hnext = env->spare;
@@ -328,6 +377,13 @@ int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno)
     return hit;
 }
 
+void lio_env_assume_device(lio_env *env, int on)
+{
+    env->assume_device = on;
+    __atomic_store_n(&env->device_reads, on ? DEVICE_STICKY : 0,
+                     __ATOMIC_RELAXED);
+}
+
 void lio_env_set_executor(lio_env *env, const lio_executor *ex)
 {
     pthread_mutex_lock(&env->ra_lock);
@@ -357,6 +413,51 @@ static int run_serial(lio_env *env, const lio_plan *plan, lio_error *err)
     return LIO_SUCCESS;
 }
 
+/* From the device: every read of the plan in flight at once.  From the
+ * OS cache: one after the other in this thread (waking reader threads
+ * costs more than the copies). */
+static int run_plan(lio_env *env, const lio_plan *plan, int device,
+                    lio_error *err)
+{
+    int rc;
+    if (!env->ex.run)
+        return run_serial(env, plan, err);
+    if (device || plan->nreads == 1)
+        return env->ex.run(env->ex.ctx, plan, err);
+    for (size_t i = 0; i < plan->nreads; i++) {
+        lio_plan one = *plan;
+        one.reads = &plan->reads[i];
+        one.nreads = 1;
+        if ((rc = env->ex.run(env->ex.ctx, &one, err)))
+            return rc;
+    }
+    return LIO_SUCCESS;
+}
+
+/* The blocks read around so far (a bit each, for snapshot pages up to
+ * AROUND_MAP_BYTES * 8 blocks); NULL when unavailable. */
+#define AROUND_MAP_BYTES (1u << 20)
+static uint8_t *around_map(lio_env *env, const lio_meta *snap)
+{
+    uint64_t bits = snap->last_pg / AROUND_PAGES + 1;
+    if (bits > env->around_bits) {
+        uint64_t bytes = (bits + 7) / 8;
+        uint8_t *m;
+        if (bytes > AROUND_MAP_BYTES)
+            bytes = AROUND_MAP_BYTES;
+        if (bytes * 8 > env->around_bits) {
+            m = realloc(env->around_map, (size_t)bytes);
+            if (!m)
+                return env->around_map;
+            memset(m + (env->around_bits + 7) / 8, 0,
+                   (size_t)(bytes - (env->around_bits + 7) / 8));
+            env->around_map = m;
+            env->around_bits = bytes * 8;
+        }
+    }
+    return env->around_map;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -375,6 +476,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     uint64_t file_pages;
     lio_error err;
     int rc = LIO_SUCCESS;
+    int device = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
+    uint64_t t0;
 
     if (limit > LIO_PREFETCH_MAX)
         limit = LIO_PREFETCH_MAX;
@@ -382,10 +485,33 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
         n = limit;
     if (n == 0 || env->align > env->psize || env->psize % env->align)
         return;
-    memcpy(want, pgnos, n * sizeof *want);
-    qsort(want, n, sizeof *want, cmp_u64);
-
     pthread_mutex_lock(&env->ra_lock);
+    if (device && env->max_pages / 4 >= LIO_PREFETCH_MAX &&
+        around_map(env, snap)) {
+        /* From the device, few large requests beat many small ones: the
+         * aligned blocks around the pages wanted (what a page fault of a
+         * mapping reads), each block once (the OS keeps the rest of it
+         * for the leaves after); pages of blocks read before alone. */
+        size_t w = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t b = pgnos[i] / AROUND_PAGES;
+            if (b >= env->around_bits ||
+                (env->around_map[b >> 3] & (1u << (b & 7)))) {
+                if (w < LIO_PREFETCH_MAX)
+                    want[w++] = pgnos[i];
+                continue;
+            }
+            if (w + AROUND_PAGES > LIO_PREFETCH_MAX)
+                break;
+            env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
+            for (uint64_t j = 0; j < AROUND_PAGES; j++)
+                want[w++] = b * AROUND_PAGES + j;
+        }
+        n = w;
+    } else {
+        memcpy(want, pgnos, n * sizeof *want);
+    }
+    qsort(want, n, sizeof *want, cmp_u64);
     if (!env->plan_ready) {
         /* (O_DIRECT cannot read gaps into the unaligned sink) */
         size_t gap = env->align > 1 ? 0 : PREFETCH_GAP;
@@ -395,6 +521,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
         env->plan_ready = 1;
     }
     lio_plan_reset(&env->plan);
+    /* From the device, a long span goes as several requests in flight. */
+    env->plan.max_read = (device ? 32 : LIO_PREFETCH_MAX) * (size_t)env->psize;
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
     for (size_t i = 0; i < n; i++) {
@@ -418,9 +546,12 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     for (k = 0; k < m && rc == LIO_SUCCESS; k++)
         rc = lio_plan_add(&env->plan, want[k] * env->psize, batch[k]->data,
                           env->psize);
-    if (rc == LIO_SUCCESS && m)
-        rc = env->ex.run ? env->ex.run(env->ex.ctx, &env->plan, &err)
-                         : run_serial(env, &env->plan, &err);
+    if (rc == LIO_SUCCESS && m) {
+        t0 = now_ns();
+        rc = run_plan(env, &env->plan, device, &err);
+        /* (the OS cache serves a page in about a microsecond) */
+        note_read(env, now_ns() - t0 > DEVICE_READ_NS + 1000u * m);
+    }
 
     pthread_mutex_lock(&env->lock);
     for (k = 0; k < m; k++) {
@@ -458,6 +589,7 @@ void lio_env_close(lio_env *env)
         free(env->table);
     }
     free_chain(env->spare);
+    free(env->around_map);
     if (env->plan_ready)
         lio_plan_free(&env->plan);
     pthread_mutex_destroy(&env->ra_lock);

@@ -4,8 +4,9 @@
   simple path (every step through lio_cursor_get, $LMDBIO_CURSOR_FASTPATH=0)
   and against py-lmdb, on trees of several levels and every kind of node
   (duplicates, sub-pages, sub-databases, overflow values).
-* Read-ahead that follows the tree, forced off, on, and on with a tiny
-  cache (read-ahead batches evicted before they are used).
+* Read-ahead that follows the tree, forced off, on, on with a tiny cache
+  (read-ahead batches evicted before they are used), and as from a cold
+  device (blocks read around each leaf, reads in flight).
 * A damaged leaf that only read-ahead reached raises nothing until the
   cursor needs it.
 * Reader threads and cursors: a scan abandoned midway, a transaction ended
@@ -41,6 +42,10 @@ CONFIGS = [
     ("readahead-tiny-cache", {"LMDBIO_READAHEAD_BYTES": str(1 << 20)},
      {"cache_bytes": 0}),
     ("readahead-2-leaves", {"LMDBIO_READAHEAD_BYTES": "8192"},
+     {"cache_bytes": 0}),
+    # as from a cold device: aligned blocks read around, reads in flight
+    ("readahead-device", {"LMDBIO_READAHEAD_DEVICE": "1"}, {}),
+    ("readahead-device-tiny-cache", {"LMDBIO_READAHEAD_DEVICE": "1"},
      {"cache_bytes": 0}),
 ]
 

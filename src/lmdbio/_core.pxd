@@ -185,6 +185,7 @@ cdef extern from "lmdbio.h" nogil:
                         uint64_t *nbytes)
     void lio_pool_close(lio_pool *pool)
     void lio_env_set_executor(lio_env *env, const lio_executor *ex)
+    void lio_env_assume_device(lio_env *env, int on)
 
     int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,

@@ -29,7 +29,9 @@ Notes on behaviour:
   (a pool of reader threads per environment, joined when it closes).
   ``readahead=False`` turns it off.  Test hooks: ``$LMDBIO_READAHEAD_BYTES``
   overrides the read-ahead size (0: off), ``$LMDBIO_CURSOR_FASTPATH=0``
-  sends every step through lio_cursor_get.
+  sends every step through lio_cursor_get, ``$LMDBIO_READAHEAD_DEVICE=1``
+  reads as if the OS cache never held the file (read-around blocks, reads
+  in flight).
 - ``buffers=True`` returns read-only memoryviews onto the page the cursor
   holds (values in overflow pages: onto private copies).  As py-lmdb
   documents for its own buffers, they are valid until the next operation
@@ -131,7 +133,7 @@ cdef unsigned MDB_NOSUBDIR = 0x4000
 #: readahead=True.
 READAHEAD_BYTES = 256 * 1024
 #: reader threads per environment for the cursors' read-ahead.
-READAHEAD_THREADS = 4
+READAHEAD_THREADS = 8
 
 _FSENC = _sys.getfilesystemencoding()
 
@@ -593,6 +595,8 @@ cdef class Environment:
             raise _core_error(self._path, rc, &err, self._dpath)
         self._psize = lio_env_psize(self._env)
         self._fastpath = _os.environ.get('LMDBIO_CURSOR_FASTPATH') != '0'
+        if _os.environ.get('LMDBIO_READAHEAD_DEVICE') == '1':
+            lio_env_assume_device(self._env, 1)
         if c_ra and self._posix != NULL:
             c_threads = READAHEAD_THREADS
             with nogil:
