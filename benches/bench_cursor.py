@@ -106,7 +106,8 @@ def test_cursor_walk(benchmark, request, bench_dataset, cold_cache, rounds,
 # --------------------------------------------------------------------------
 
 # One run: the module is imported before the clock starts; opening the
-# environment is timed.  Prints "seconds records".
+# environment is timed.  Prints "seconds cpu-seconds records" (CPU: of all
+# the process's threads, steadier than wall time on a shared machine).
 CHILD = r"""
 import json, os, random, sys, time
 peer, path, case = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -120,6 +121,7 @@ if case == "get":
         n = json.load(f)["records"]
     keys = [b"%08d" % i for i in random.Random(1).sample(range(n), min(n, 100000))]
 t0 = time.perf_counter()
+c0 = time.process_time()
 count = 0
 if case == "pread":
     fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY)
@@ -141,7 +143,7 @@ else:
             for k, v in txn.cursor():
                 count += 1
     env.close()
-print(time.perf_counter() - t0, count)
+print(time.perf_counter() - t0, time.process_time() - c0, count)
 """
 
 
@@ -156,13 +158,15 @@ def _run(peer, path, case, cold):
         _drop_caches()
     out = subprocess.run([sys.executable, "-c", CHILD, peer, path, case],
                          check=True, capture_output=True, text=True).stdout
-    secs, count = out.split()
-    return float(secs), int(count)
+    secs, cpu, count = out.split()
+    return float(secs), float(cpu), int(count)
 
 
 def fresh_compare(path, case, peers, runs, cold):
-    """Medians of `runs` fresh-process runs per peer, interleaved A B B A."""
+    """Medians of `runs` fresh-process runs per peer, interleaved A B B A:
+    ({peer: wall seconds}, {peer: CPU seconds}, {peer: records})."""
     times = {p: [] for p in peers}
+    cpus = {p: [] for p in peers}
     counts = {}
     if not cold:
         for p in peers:              # warm-up (page cache, not timed)
@@ -170,12 +174,14 @@ def fresh_compare(path, case, peers, runs, cold):
     for i in range(runs):
         order = peers if i % 2 == 0 else peers[::-1]
         for p in order:
-            secs, n = _run(p, path, case, cold)
+            secs, cpu, n = _run(p, path, case, cold)
             times[p].append(secs)
+            cpus[p].append(cpu)
             counts.setdefault(p, n)
             if counts[p] != n:
                 raise SystemExit(f"{p} {case}: {n} records, then {counts[p]}")
-    return {p: statistics.median(t) for p, t in times.items()}, counts
+    return ({p: statistics.median(t) for p, t in times.items()},
+            {p: statistics.median(t) for p, t in cpus.items()}, counts)
 
 
 def main(argv=None):
@@ -191,28 +197,30 @@ def main(argv=None):
     print(f"# {args.runs} fresh-process runs per peer, interleaved, medians; "
           f"a shared, noisy machine", flush=True)
     print(f"{'case':<24} {'cond':<5} {'py-lmdb s':>10} {'lmdbio s':>10} "
-          f"{'ratio':>7}", flush=True)
+          f"{'ratio':>7}   {'cpu ratio':>9}", flush=True)
     for cond in args.cond.split(","):
         for spec in args.cases.split(","):
             ds, case = spec.split(":")
             path = os.path.join(args.dir, ds)
             if case == "pread":
-                med, _ = fresh_compare(path, "pread", ["pread"], args.runs,
-                                       cond == "cold")
-                ref, _ = fresh_compare(path, "scan", ["lmdbio"], args.runs,
-                                       cond == "cold")
+                med, cpu, _ = fresh_compare(path, "pread", ["pread"],
+                                            args.runs, cond == "cold")
+                ref, rcpu, _ = fresh_compare(path, "scan", ["lmdbio"],
+                                             args.runs, cond == "cold")
                 print(f"{ds + ':scan vs pread':<24} {cond:<5} "
                       f"{med['pread']:>10.3f} {ref['lmdbio']:>10.3f} "
-                      f"{med['pread'] / ref['lmdbio']:>6.2f}x  "
+                      f"{med['pread'] / ref['lmdbio']:>6.2f}x   "
+                      f"{cpu['pread'] / rcpu['lmdbio']:>8.2f}x  "
                       f"(lmdbio scan / raw pread throughput)", flush=True)
                 continue
-            med, counts = fresh_compare(path, case, ["py-lmdb", "lmdbio"],
-                                        args.runs, cond == "cold")
+            med, cpu, counts = fresh_compare(path, case, ["py-lmdb", "lmdbio"],
+                                             args.runs, cond == "cold")
             if counts["py-lmdb"] != counts["lmdbio"]:
                 raise SystemExit(f"{spec}: record counts differ: {counts}")
             print(f"{spec:<24} {cond:<5} {med['py-lmdb']:>10.3f} "
                   f"{med['lmdbio']:>10.3f} "
-                  f"{med['py-lmdb'] / med['lmdbio']:>6.2f}x", flush=True)
+                  f"{med['py-lmdb'] / med['lmdbio']:>6.2f}x   "
+                  f"{cpu['py-lmdb'] / cpu['lmdbio']:>8.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -522,7 +522,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     }
     lio_plan_reset(&env->plan);
     /* From the device, a long span goes as several requests in flight. */
-    env->plan.max_read = (device ? 32 : LIO_PREFETCH_MAX) * (size_t)env->psize;
+    env->plan.max_read = (device ? AROUND_PAGES : LIO_PREFETCH_MAX) *
+                         (size_t)env->psize;
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
     for (size_t i = 0; i < n; i++) {
