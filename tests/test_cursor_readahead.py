@@ -149,7 +149,11 @@ def program_st(draw, spec):
             steps.append(("iter", draw(st.sampled_from(ITERS)),
                           draw(st.integers(1, 3000))))
         else:
-            key = spec.make_key(draw(st.integers(0, 760)))
+            # keys 0..699 exist.  On DUPSORT a seek that misses leaves
+            # py-lmdb's dup sub-cursor undefined (see test_differential's
+            # "poisoned" state): there only existing keys are sought.
+            key = spec.make_key(draw(st.integers(0, 699 if spec.dupsort
+                                                 else 760)))
             op = draw(st.sampled_from(["set_key", "set_range"])) \
                 if kind == "seek" else "get"
             steps.append((op, key))
