@@ -85,6 +85,13 @@ typedef struct lio_page {
     uint8_t *data;           /* psize bytes, aligned */
 } lio_page;
 
+struct lio_slab {            /* cache entries allocated together */
+    struct lio_slab *next;
+    void *data;              /* n page buffers */
+    size_t n;
+    lio_page pages[];
+};
+
 struct lio_env {
     lio_source src;
     uint32_t psize;
@@ -95,6 +102,9 @@ struct lio_env {
     size_t table_size;
     size_t npages, max_pages;
     lio_page lru;            /* sentinel: lru.next is the least recent */
+    struct lio_slab *slabs;  /* every entry's memory; slabs->pages[slab_used
+                              * ..] not handed out yet */
+    size_t slab_used;
     size_t readahead_pages;   /* leaves a cursor reads ahead (0/1: none) */
     /* Tree-following read-ahead (lio_page_prefetch), one batch at a time
      * under ra_lock: */
@@ -103,8 +113,8 @@ struct lio_env {
     lio_plan plan;            /* reused for every batch */
     int plan_ready;
     lio_page *spare;          /* entries of dropped batches (hnext chain) */
-    int device_reads;         /* > 0: recent timed reads were slow (no
-                               * lock: a hint) */
+    int device_reads;         /* slow-read score (pager.c; no lock: a
+                               * hint) */
     int assume_device;        /* lio_env_assume_device */
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint64_t around_bits;

@@ -72,6 +72,34 @@ static void table_remove(lio_env *env, lio_page *pg)
 /* A free entry: a new one while under budget, else the least recently used
  * unpinned one.  Over budget with everything pinned, grow anyway (pins are
  * bounded by open cursors times tree depth). */
+/* Cache entries come in slabs: one allocation of up to 2 MiB of page
+ * buffers and one of their headers.  (Not madvise(MADV_HUGEPAGE): with
+ * the kernel compacting memory on such faults, a fault could stall for
+ * milliseconds.) */
+#define SLAB_BYTES (2u << 20)
+static int new_slab(lio_env *env)
+{
+    size_t n = SLAB_BYTES / env->psize, align = BUF_ALIGN(env);
+    struct lio_slab *sl;
+    if (n > env->max_pages)
+        n = env->max_pages;
+    if (n == 0)
+        n = 1;
+    if (!(sl = calloc(1, sizeof *sl + n * sizeof *sl->pages)))
+        return 0;
+    if (posix_memalign(&sl->data, align, n * env->psize)) {
+        free(sl);
+        return 0;
+    }
+    sl->n = n;
+    for (size_t i = 0; i < n; i++)
+        sl->pages[i].data = (uint8_t *)sl->data + i * env->psize;
+    sl->next = env->slabs;
+    env->slabs = sl;
+    env->slab_used = 0;
+    return 1;
+}
+
 static lio_page *take_entry(lio_env *env)
 {
     lio_page *pg;
@@ -88,13 +116,9 @@ static lio_page *take_entry(lio_env *env)
         table_remove(env, pg);
         return pg;
     }
-    pg = calloc(1, sizeof *pg);
-    if (!pg)
+    if (env->slab_used == (env->slabs ? env->slabs->n : 0) && !new_slab(env))
         return NULL;
-    if (posix_memalign((void **)&pg->data, BUF_ALIGN(env), env->psize)) {
-        free(pg);
-        return NULL;
-    }
+    pg = &env->slabs->pages[env->slab_used++];
     env->npages++;
     return pg;
 }
@@ -257,16 +281,26 @@ static uint64_t now_ns(void)
 /* A read slower than this came from the device, not the OS page cache
  * (which serves a page in a microsecond or two). */
 #define DEVICE_READ_NS 15000u
-/* A slow read makes the next DEVICE_STICKY timed reads assume the device
- * (a batch the OS cache happened to serve says little about the next). */
-#define DEVICE_STICKY 16
+/* Which of the two serves the reads: a score that a slow read raises by
+ * DEVICE_SLOW and a fast one lowers by 1, the device above DEVICE_SLOW.
+ * Two slow reads in a row make it the device, and it stays so through a
+ * few reads the OS cache happened to serve; a read slowed down by the
+ * scheduler now and then (a busy machine) does not. */
+#define DEVICE_SLOW 8
 static void note_read(lio_env *env, int slow)
 {
     int d = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
     if (env->assume_device)
         slow = 1;
-    __atomic_store_n(&env->device_reads, slow ? DEVICE_STICKY : d ? d - 1 : 0,
-                     __ATOMIC_RELAXED);
+    d = slow ? d + DEVICE_SLOW : d - 1;
+    if (d > 2 * DEVICE_SLOW)
+        d = 2 * DEVICE_SLOW;
+    __atomic_store_n(&env->device_reads, d < 0 ? 0 : d, __ATOMIC_RELAXED);
+}
+
+static int from_device(lio_env *env)
+{
+    return __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > DEVICE_SLOW;
 }
 
 /* Read-around on a slow device: the aligned block of pages (as a page
@@ -301,8 +335,7 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         *out = pg;
         return LIO_SUCCESS;
     }
-    if (around && env->readahead_pages > 1 &&
-        __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED)) {
+    if (around && env->readahead_pages > 1 && from_device(env)) {
         pthread_mutex_unlock(&env->lock);
         lio_page_prefetch(env, snap, &pgno, 1);   /* reads around it */
         pthread_mutex_lock(&env->lock);
@@ -380,7 +413,7 @@ int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno)
 void lio_env_assume_device(lio_env *env, int on)
 {
     env->assume_device = on;
-    __atomic_store_n(&env->device_reads, on ? DEVICE_STICKY : 0,
+    __atomic_store_n(&env->device_reads, on ? 2 * DEVICE_SLOW : 0,
                      __ATOMIC_RELAXED);
 }
 
@@ -476,7 +509,7 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     uint64_t file_pages;
     lio_error err;
     int rc = LIO_SUCCESS;
-    int device = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
+    int device = from_device(env);
     uint64_t t0;
 
     if (limit > LIO_PREFETCH_MAX)
@@ -570,26 +603,17 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_unlock(&env->ra_lock);
 }
 
-static void free_chain(lio_page *pg)
-{
-    while (pg) {
-        lio_page *next = pg->hnext;
-        free(pg->data);
-        free(pg);
-        pg = next;
-    }
-}
-
 void lio_env_close(lio_env *env)
 {
     if (!env)
         return;
-    if (env->table) {
-        for (size_t i = 0; i < env->table_size; i++)
-            free_chain(env->table[i]);
-        free(env->table);
+    free(env->table);
+    while (env->slabs) {
+        struct lio_slab *next = env->slabs->next;
+        free(env->slabs->data);
+        free(env->slabs);
+        env->slabs = next;
     }
-    free_chain(env->spare);
     free(env->around_map);
     if (env->plan_ready)
         lio_plan_free(&env->plan);
