@@ -117,6 +117,7 @@ struct lio_env {
                                * hint) */
     int assume_device;        /* lio_env_assume_device */
     uint8_t *around_map;      /* blocks read around (pager.c) */
+    uint8_t *around_sink;     /* where their unwanted pages are read */
     uint64_t around_bits;
 };
 

@@ -500,16 +500,26 @@ static int cmp_u64(const void *a, const void *b)
 /* Pages this close are read in one request with the bytes between. */
 #define PREFETCH_GAP (4u << 12)
 
+/* Plan `npages` pages from `pgno` into the around sink (bytes read only
+ * so that the OS keeps them). */
+static int plan_sink(lio_env *env, uint64_t pgno, uint64_t npages)
+{
+    return npages ? lio_plan_add(&env->plan, pgno * env->psize,
+                                 env->around_sink,
+                                 (size_t)npages * env->psize)
+                  : LIO_SUCCESS;
+}
+
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n)
 {
     uint64_t want[LIO_PREFETCH_MAX];
     lio_page *batch[LIO_PREFETCH_MAX];
     size_t m = 0, k = 0, limit = env->readahead_pages;
-    uint64_t file_pages;
+    uint64_t file_pages, end_pages, open_end = 0, pos = 0;
     lio_error err;
     int rc = LIO_SUCCESS;
-    int device = from_device(env);
+    int device = from_device(env), around;
     uint64_t t0;
 
     if (limit > LIO_PREFETCH_MAX)
@@ -518,51 +528,35 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
         n = limit;
     if (n == 0 || env->align > env->psize || env->psize % env->align)
         return;
-    pthread_mutex_lock(&env->ra_lock);
-    if (device && env->max_pages / 4 >= LIO_PREFETCH_MAX &&
-        around_map(env, snap)) {
-        /* From the device, few large requests beat many small ones: the
-         * aligned blocks around the pages wanted (what a page fault of a
-         * mapping reads), each block once (the OS keeps the rest of it
-         * for the leaves after); pages of blocks read before alone. */
-        size_t w = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint64_t b = pgnos[i] / AROUND_PAGES;
-            if (b >= env->around_bits ||
-                (env->around_map[b >> 3] & (1u << (b & 7)))) {
-                if (w < LIO_PREFETCH_MAX)
-                    want[w++] = pgnos[i];
-                continue;
-            }
-            if (w + AROUND_PAGES > LIO_PREFETCH_MAX)
-                break;
-            env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
-            for (uint64_t j = 0; j < AROUND_PAGES; j++)
-                want[w++] = b * AROUND_PAGES + j;
-        }
-        n = w;
-    } else {
-        memcpy(want, pgnos, n * sizeof *want);
-    }
+    memcpy(want, pgnos, n * sizeof *want);
     qsort(want, n, sizeof *want, cmp_u64);
+
+    pthread_mutex_lock(&env->ra_lock);
     if (!env->plan_ready) {
         /* (O_DIRECT cannot read gaps into the unaligned sink) */
         size_t gap = env->align > 1 ? 0 : PREFETCH_GAP;
-        /* Neighbours in one request (an appended layout: one read per
-         * batch, no thread hand-off); scattered leaves concurrently. */
         lio_plan_init(&env->plan, gap, LIO_PREFETCH_MAX * (size_t)env->psize);
         env->plan_ready = 1;
     }
     lio_plan_reset(&env->plan);
-    /* From the device, a long span goes as several requests in flight. */
+    /* From the OS cache, neighbours in one request (an appended layout:
+     * one read per batch, no thread hand-off); from the device, spans of
+     * at most a block, several in flight. */
     env->plan.max_read = (device ? AROUND_PAGES : LIO_PREFETCH_MAX) *
                          (size_t)env->psize;
+    around = device && around_map(env, snap) &&
+             (env->around_sink || !posix_memalign(
+                 (void **)&env->around_sink, BUF_ALIGN(env),
+                 AROUND_PAGES * (size_t)env->psize));
+
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
+    end_pages = snap->last_pg + 1 < file_pages ? snap->last_pg + 1
+                                               : file_pages;
     for (size_t i = 0; i < n; i++) {
         uint64_t pgno = want[i];
         lio_page *e;
-        if (pgno < 2 || pgno > snap->last_pg || pgno >= file_pages ||
+        if (pgno < 2 || pgno >= end_pages ||
             (m && want[m - 1] == pgno) || lookup(env, pgno, snap->txnid))
             continue;
         if (!(e = take_entry(env)))
@@ -577,14 +571,40 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     }
     pthread_mutex_unlock(&env->lock);
 
-    for (k = 0; k < m && rc == LIO_SUCCESS; k++)
-        rc = lio_plan_add(&env->plan, want[k] * env->psize, batch[k]->data,
-                          env->psize);
+    /* From the device, few large requests beat many small ones: the
+     * aligned block around each page wanted is read (what a page fault of
+     * a mapping reads), its other pages into the sink: the OS keeps them
+     * for the leaves after, and only the pages wanted are copied into the
+     * cache.  Each block once; later, its pages alone. */
+    for (k = 0; k < m && rc == LIO_SUCCESS; k++) {
+        uint64_t p = want[k], b = p / AROUND_PAGES;
+        if (open_end && p >= open_end) {
+            rc = plan_sink(env, pos, open_end - pos);
+            open_end = 0;
+        }
+        if (rc == LIO_SUCCESS && around && !open_end &&
+            b < env->around_bits &&
+            !(env->around_map[b >> 3] & (1u << (b & 7)))) {
+            env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
+            pos = b * AROUND_PAGES;
+            open_end = pos + AROUND_PAGES < end_pages ? pos + AROUND_PAGES
+                                                      : end_pages;
+        }
+        if (rc == LIO_SUCCESS && open_end)
+            rc = plan_sink(env, pos, p - pos);
+        if (rc == LIO_SUCCESS)
+            rc = lio_plan_add(&env->plan, p * env->psize, batch[k]->data,
+                              env->psize);
+        pos = p + 1;
+    }
+    if (rc == LIO_SUCCESS && open_end)
+        rc = plan_sink(env, pos, open_end - pos);
     if (rc == LIO_SUCCESS && m) {
         t0 = now_ns();
         rc = run_plan(env, &env->plan, device, &err);
         /* (the OS cache serves a page in about a microsecond) */
-        note_read(env, now_ns() - t0 > DEVICE_READ_NS + 1000u * m);
+        note_read(env, now_ns() - t0 > DEVICE_READ_NS +
+                  1000u * (env->plan.bytes / env->psize));
     }
 
     pthread_mutex_lock(&env->lock);
@@ -615,6 +635,7 @@ void lio_env_close(lio_env *env)
         env->slabs = next;
     }
     free(env->around_map);
+    free(env->around_sink);
     if (env->plan_ready)
         lio_plan_free(&env->plan);
     pthread_mutex_destroy(&env->ra_lock);
