@@ -123,8 +123,8 @@ struct lio_env {
 
 /* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
  * A miss reads that page alone (read-ahead is lio_page_prefetch), except
- * with `around` (a leaf a seek lands on) while reads come from the device
- * rather than the OS cache: then the aligned block around it. */
+ * with `around` while reads come from the device rather than the OS cache:
+ * then the aligned block around it too. */
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                  int around, lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);

@@ -140,8 +140,10 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int dir)
     /* Read ahead leaves only (branch pages are few and stay cached). */
     if (dir && level > 0 && level + 1 == c->db.depth && !c->subpage)
         tree_prefetch(c, level, pgno, dir);
+    /* From a slow device, read around branch pages and the leaves a seek
+     * lands on (tree_prefetch took care of a walk's leaves). */
     rc = lio_page_get(c->cur->env, &c->cur->snap, pgno,
-                      !dir && level > 0 && level + 1 == c->db.depth, &pg,
+                      !dir || level + 1 < c->db.depth, &pg,
                       &c->cur->err);
     if (rc)
         return rc;

@@ -303,9 +303,22 @@ static int from_device(lio_env *env)
     return __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > DEVICE_SLOW;
 }
 
-/* Read-around on a slow device: the aligned block of pages (as a page
- * fault of a mapping reads around the faulting page). */
-#define AROUND_PAGES 32u
+/* Read-around on a slow device: the aligned block of pages around a page
+ * wanted (as a page fault of a mapping reads around the faulting page;
+ * the kernel's read-ahead size, often 128 KiB, can be megabytes), and at
+ * most AROUND_OPEN new blocks per batch. */
+#define AROUND_BYTES (2u << 20)
+#define AROUND_OPEN 4
+static uint64_t around_pages(const lio_env *env)
+{
+    return AROUND_BYTES / env->psize ? AROUND_BYTES / env->psize : 1;
+}
+
+static int around_done(const lio_env *env, uint64_t b)
+{
+    return b >= env->around_bits ||
+           (env->around_map[b >> 3] & (1u << (b & 7)));
+}
 
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                  int around, lio_page **out, lio_error *err)
@@ -472,7 +485,7 @@ static int run_plan(lio_env *env, const lio_plan *plan, int device,
 #define AROUND_MAP_BYTES (1u << 20)
 static uint8_t *around_map(lio_env *env, const lio_meta *snap)
 {
-    uint64_t bits = snap->last_pg / AROUND_PAGES + 1;
+    uint64_t bits = snap->last_pg / around_pages(env) + 1;
     if (bits > env->around_bits) {
         uint64_t bytes = (bits + 7) / 8;
         uint8_t *m;
@@ -528,10 +541,37 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
         n = limit;
     if (n == 0 || env->align > env->psize || env->psize % env->align)
         return;
-    memcpy(want, pgnos, n * sizeof *want);
+    pthread_mutex_lock(&env->ra_lock);
+    around = device && around_map(env, snap) &&
+             (env->around_sink || !posix_memalign(
+                 (void **)&env->around_sink, BUF_ALIGN(env),
+                 (size_t)(around_pages(env) * env->psize)));
+    if (around) {
+        /* The pages of blocks read before, and of the first few new
+         * blocks in the walk's order (the first page is the one needed
+         * now); the rest waits for a later batch. */
+        uint64_t open[AROUND_OPEN];
+        size_t nopen = 0, w = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t b = pgnos[i] / around_pages(env);
+            size_t j;
+            if (!around_done(env, b)) {
+                for (j = 0; j < nopen && open[j] != b; j++)
+                    ;
+                if (j == nopen) {
+                    if (nopen == AROUND_OPEN)
+                        continue;
+                    open[nopen++] = b;
+                }
+            }
+            want[w++] = pgnos[i];
+        }
+        n = w;
+    } else {
+        memcpy(want, pgnos, n * sizeof *want);
+    }
     qsort(want, n, sizeof *want, cmp_u64);
 
-    pthread_mutex_lock(&env->ra_lock);
     if (!env->plan_ready) {
         /* (O_DIRECT cannot read gaps into the unaligned sink) */
         size_t gap = env->align > 1 ? 0 : PREFETCH_GAP;
@@ -542,12 +582,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     /* From the OS cache, neighbours in one request (an appended layout:
      * one read per batch, no thread hand-off); from the device, spans of
      * at most a block, several in flight. */
-    env->plan.max_read = (device ? AROUND_PAGES : LIO_PREFETCH_MAX) *
-                         (size_t)env->psize;
-    around = device && around_map(env, snap) &&
-             (env->around_sink || !posix_memalign(
-                 (void **)&env->around_sink, BUF_ALIGN(env),
-                 AROUND_PAGES * (size_t)env->psize));
+    env->plan.max_read = (size_t)((device ? around_pages(env)
+                                          : LIO_PREFETCH_MAX) * env->psize);
 
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
@@ -577,18 +613,17 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
      * for the leaves after, and only the pages wanted are copied into the
      * cache.  Each block once; later, its pages alone. */
     for (k = 0; k < m && rc == LIO_SUCCESS; k++) {
-        uint64_t p = want[k], b = p / AROUND_PAGES;
+        uint64_t p = want[k], b = p / around_pages(env);
         if (open_end && p >= open_end) {
             rc = plan_sink(env, pos, open_end - pos);
             open_end = 0;
         }
         if (rc == LIO_SUCCESS && around && !open_end &&
-            b < env->around_bits &&
-            !(env->around_map[b >> 3] & (1u << (b & 7)))) {
+            !around_done(env, b)) {
             env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
-            pos = b * AROUND_PAGES;
-            open_end = pos + AROUND_PAGES < end_pages ? pos + AROUND_PAGES
-                                                      : end_pages;
+            pos = b * around_pages(env);
+            open_end = pos + around_pages(env) < end_pages
+                       ? pos + around_pages(env) : end_pages;
         }
         if (rc == LIO_SUCCESS && open_end)
             rc = plan_sink(env, pos, p - pos);
