@@ -16,6 +16,7 @@ _Key: TypeAlias = bytes | bytearray | memoryview
 _Out: TypeAlias = bytes | memoryview
 
 READAHEAD_BYTES: int
+READAHEAD_THREADS: int
 
 def enable_drop_gil() -> None: ...
 
