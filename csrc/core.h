@@ -116,6 +116,7 @@ struct lio_env {
     int device_reads;         /* slow-read score (pager.c; no lock: a
                                * hint) */
     int assume_device;        /* lio_env_assume_device */
+    long inblock;             /* the process's blocks read in, last seen */
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint8_t *around_sink;     /* where their unwanted pages are read */
     uint64_t around_bits;

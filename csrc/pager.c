@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include "core.h"
 
@@ -287,11 +288,28 @@ static uint64_t now_ns(void)
  * few reads the OS cache happened to serve; a read slowed down by the
  * scheduler now and then (a busy machine) does not. */
 #define DEVICE_SLOW 8
+
+/* Did the process read from a device since the last call?  A slow read
+ * may only have been descheduled (a busy machine): the kernel's count of
+ * blocks read in tells. */
+static int read_blocks_in(lio_env *env)
+{
+    struct rusage ru;
+    long now, before;
+    if (getrusage(RUSAGE_SELF, &ru))
+        return 1;
+    now = ru.ru_inblock;
+    before = __atomic_exchange_n(&env->inblock, now, __ATOMIC_RELAXED);
+    return now != before;
+}
+
 static void note_read(lio_env *env, int slow)
 {
     int d = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
     if (env->assume_device)
         slow = 1;
+    else if (slow)
+        slow = read_blocks_in(env);
     d = slow ? d + DEVICE_SLOW : d - 1;
     if (d > 2 * DEVICE_SLOW)
         d = 2 * DEVICE_SLOW;
