@@ -130,6 +130,10 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                  int around, lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);
 
+/* Page pgno of snapshot `snap` pinned if it is in the cache, unchecked
+ * (an overflow page: the caller checks it), else NULL.  No read. */
+lio_page *lio_page_peek(lio_env *env, const lio_meta *snap, uint64_t pgno);
+
 /* Is page pgno of snapshot `snap` in the cache?  (No read.) */
 int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno);
 

@@ -432,6 +432,16 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
     return LIO_SUCCESS;
 }
 
+lio_page *lio_page_peek(lio_env *env, const lio_meta *snap, uint64_t pgno)
+{
+    lio_page *pg;
+    pthread_mutex_lock(&env->lock);
+    if ((pg = lookup(env, pgno, snap->txnid)))
+        pin(env, pg);
+    pthread_mutex_unlock(&env->lock);
+    return pg;
+}
+
 int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno)
 {
     int hit;

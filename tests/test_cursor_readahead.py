@@ -314,3 +314,47 @@ def test_buffers_view_the_page(tmp_path):
             assert bytes(txn.get(b"00007")) == items[7][1]
     finally:
         env.close()
+
+
+def test_one_page_overflow_values_read_ahead(tmp_path):
+    """Values just over half a page (one overflow page each, as a CIFAR-like
+    Caffe LMDB): read ahead with their leaf, equal to py-lmdb both ways and
+    by get; a damaged overflow page that a batch read ahead raises only
+    when its record is reached."""
+    path = str(tmp_path)
+    items = [(b"%05d" % i, bytes([i % 251]) * (2100 + i % 900))
+             for i in range(1500)]
+    write_items(path, items, name=b"t")
+    ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+    try:
+        want = {m: run(ref, [("iter", m, 10 ** 6)], False)
+                for m in ("iternext", "iterprev")}
+        gets = [("get", items[i][0]) for i in range(0, 1500, 7)]
+        want_gets = run(ref, gets, False)
+    finally:
+        ref.close()
+    assert want["iternext"][0] == items
+    for cfg in CONFIGS:
+        env = open_sub(path, cfg)
+        try:
+            for m, w in want.items():
+                assert run(env, [("iter", m, 10 ** 6)], False) == w, cfg[0]
+            assert run(env, gets, False) == want_gets, cfg[0]
+        finally:
+            env.close()
+
+    f = LmdbFile(path)
+    node = [nd for p in f.leaves("t") for nd in p.nodes if nd.key == b"00030"][0]
+    ov = struct.unpack_from("<Q", f.buf, node.data_offset)[0]
+    patch(f.path, ov * f.psize + 10, "<H", 0x02)   # a leaf's flags
+    for cfg in CONFIGS:
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                got = []
+                with pytest.raises(lmdbio.CorruptedError):
+                    for k, v in txn.cursor():
+                        got.append((k, v))
+                assert got == items[:30], cfg[0]
+        finally:
+            env.close()
