@@ -304,6 +304,9 @@ typedef struct lio_verify_opts {
     /* Called for each problem found: the page it is on (LIO_NO_PAGE ==
      * UINT64_MAX if none) and a message that names it. */
     void (*report)(void *ctx, uint64_t pgno, const char *msg);
+    /* Called (when set) for what a healthy file may show but a reader
+     * should know: counts that some liblmdb versions keep inexactly. */
+    void (*note)(void *ctx, uint64_t pgno, const char *msg);
     /* Called every progress_every pages read; nonzero stops the walk. */
     int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total);
     void *ctx;
@@ -315,6 +318,7 @@ typedef struct lio_verify_opts {
 
 typedef struct lio_verify_stats {
     uint64_t problems;
+    uint64_t notes;
     uint64_t pages_read;
     uint64_t trees;          /* non-empty trees walked */
     uint64_t named_dbs;

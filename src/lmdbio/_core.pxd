@@ -122,6 +122,7 @@ cdef extern from "lmdbio.h" nogil:
     # structural verification (csrc/verify.c)
     ctypedef struct lio_verify_opts:
         void (*report)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
+        void (*note)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
         int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total) noexcept nogil
         void *ctx
         uint64_t progress_every
@@ -130,6 +131,7 @@ cdef extern from "lmdbio.h" nogil:
         size_t db_name_len
     ctypedef struct lio_verify_stats:
         uint64_t problems
+        uint64_t notes
         uint64_t pages_read
         uint64_t trees
         uint64_t named_dbs

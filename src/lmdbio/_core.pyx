@@ -826,7 +826,10 @@ cdef class Environment:
         """Check every structural invariant of the newest snapshot (or only
         the named database `name`): ``(problems, stats)``, problems a list of
         ``(pgno or None, message)``.  ``progress(done, total)`` is called every
-        `progress_every` pages read.  Used by ``lmdbio verify``."""
+        `progress_every` pages read.  ``stats['notes']`` lists, in the same
+        form, what a healthy file may show but a reader should know (page
+        counts that some liblmdb versions keep inexactly).  Used by
+        ``lmdbio verify``."""
         cdef Transaction t
         cdef _VerifyCtx vc = _VerifyCtx()
         cdef lio_verify_opts o
@@ -837,8 +840,10 @@ cdef class Environment:
         self._check()
         memset(&o, 0, sizeof(o))
         vc.problems = []
+        vc.notes = []
         vc.progress = progress
         o.report = _verify_report
+        o.note = _verify_note
         if progress is not None:
             o.progress = _verify_progress
         o.ctx = <void *>vc
@@ -861,8 +866,8 @@ cdef class Environment:
         if rc:
             raise _core_error('verify', rc, &err, self._dpath)
         return vc.problems, {
-            'problems': st.problems, 'pages_read': st.pages_read,
-            'trees': st.trees, 'named_dbs': st.named_dbs,
+            'problems': st.problems, 'notes': vc.notes,
+            'pages_read': st.pages_read, 'trees': st.trees, 'named_dbs': st.named_dbs,
             'free_pages': st.free_pages, 'pages_past_eof': st.pages_past_eof,
             'last_pg': t.snap.last_pg, 'txnid': t.snap.txnid,
             'psize': t.snap.psize}
@@ -1152,6 +1157,7 @@ def _write_all(int fd, data, what):
 
 cdef class _VerifyCtx:
     cdef list problems
+    cdef list notes
     cdef object progress
     cdef object exc
 
@@ -1159,6 +1165,13 @@ cdef class _VerifyCtx:
 cdef void _verify_report(void *ctx, uint64_t pgno, const char *msg) noexcept nogil:
     with gil:
         (<_VerifyCtx>ctx).problems.append(
+            (None if pgno == LIO_EMPTY_ROOT else pgno,
+             (<bytes>msg).decode('utf-8', 'replace')))
+
+
+cdef void _verify_note(void *ctx, uint64_t pgno, const char *msg) noexcept nogil:
+    with gil:
+        (<_VerifyCtx>ctx).notes.append(
             (None if pgno == LIO_EMPTY_ROOT else pgno,
              (<bytes>msg).decode('utf-8', 'replace')))
 
