@@ -240,8 +240,29 @@ def _decode_images(data, doff, dlen, force_color, force_gray, threads):
 _THREADED_BYTES = 8 << 20  # raw batches this large decode in threads
 
 
+def _check_color(color):
+    if color not in ('bgr', 'rgb'):
+        raise ValueError('color must be "bgr" (Caffe\'s order) or "rgb", '
+                         'not %r' % (color,))
+
+
+def _to_rgb(arr):
+    """Images [..., C, H, W] stored BGR(A) -> RGB(A), in place: channels 0
+    and 2 swapped (the reversal of B, G, R); one channel stays as it is."""
+    c = arr.shape[-3]
+    if c == 1:
+        return arr
+    if c not in (3, 4):
+        raise ValueError('color="rgb" needs 1, 3 or 4 channels, the Datums '
+                         'have %d' % c)
+    blue = arr[..., 0, :, :].copy()
+    arr[..., 0, :, :] = arr[..., 2, :, :]
+    arr[..., 2, :, :] = blue
+    return arr
+
+
 def decode(values, *, force_color=False, force_gray=False, threads=None,
-           indices=None, out=None):
+           indices=None, out=None, color='bgr'):
     """A batch of serialized Datums -> ``(data, labels)``.
 
     ``values``: the batch: an :class:`lmdbio.Ragged` (a Reader batch's
@@ -260,9 +281,12 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
     database ordinals of a Reader batch); default their position.
     ``out``: an array to decode raw or float Datums into (C-contiguous, of
     the result's dtype and shape), to reuse one buffer across batches.
+    ``color``: ``"bgr"`` (default, the order Caffe stores and decodes) or
+    ``"rgb"`` (channels 0 and 2 swapped: what PyTorch models expect).
     """
     if force_color and force_gray:
         raise ValueError('force_color and force_gray cannot both be set')
+    _check_color(color)
     data, offsets = _as_ragged(values)
     n = len(offsets) - 1
     if n <= 0:
@@ -279,7 +303,7 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
                                 doff, dlen)
             out = _decode_images(data, doff, dlen, force_color, force_gray,
                                  threads)
-            return out, labels
+            return (_to_rgb(out) if color == 'rgb' else out), labels
         dtype = np.float32 if kind == _datum.FLOAT else np.uint8
         if out is None:
             out = np.empty((n, c, h, w), dtype=dtype)
@@ -296,24 +320,32 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
             nthreads = min(4, _default_threads()) if big else 1
         else:
             nthreads = max(1, int(threads))
+        if color == 'rgb' and c not in (1, 3, 4):
+            _to_rgb(np.empty((c, 0, 0), dtype))  # raises: no such channels
         _datum.decode_batch(data, offsets, kind, c, h, w, out, labels,
                             nthreads=nthreads)
-        return out, labels
+        return (_to_rgb(out) if color == 'rgb' else out), labels
     except (DatumError, ValueError) as e:
         if indices is not None and getattr(e, 'index', None) is not None:
             raise _renamed(e, indices) from e
         raise
 
 
-def decode_one(buf, *, force_color=False, force_gray=False):
+def decode_one(buf, *, force_color=False, force_gray=False, color='bgr'):
     """One serialized Datum -> ``(array[C, H, W], label)``: uint8 pixels
     (raw or encoded Datums) or float32 (float_data); ``label`` an int.
 
     ``buf``: the record (bytes-like or a uint8 array).  ``force_color`` /
     ``force_gray``: decode an encoded image to three channels / one, as in
-    :func:`decode`."""
+    :func:`decode`.  ``color``: ``"bgr"`` (default, Caffe's order) or
+    ``"rgb"``."""
     if force_color and force_gray:
         raise ValueError('force_color and force_gray cannot both be set')
+    _check_color(color)
+    if color == 'rgb':
+        arr, label = decode_one(buf, force_color=force_color,
+                                force_gray=force_gray)
+        return _to_rgb(arr), label
     b = _as_buffer(buf)
     d = _datum.parse(b, 'Datum')
     kind = d['kind']
@@ -740,13 +772,15 @@ class DatumReader:
     the caller's thread).  ``decode_threads``: threads for encoded images.
     ``force_color`` / ``force_gray``: decode encoded images to three
     channels / one (default: the ``transform``'s fields of those names).
+    ``color``: ``"bgr"`` (default, Caffe's order) or ``"rgb"``, decoded
+    before the transform (whose mean values follow the same order).
     ``len()``, ``num_records``, ``total_records``, ``set_epoch()``,
     ``read(indices)`` and ``close()`` are the Reader's.
     """
 
     def __init__(self, path, *, transform=None, prefetch=2,
                  decode_threads=None, force_color=None, force_gray=None,
-                 **reader_kwargs):
+                 color='bgr', **reader_kwargs):
         from lmdbio.reader import Reader
         import inspect
         try:
@@ -755,6 +789,8 @@ class DatumReader:
             params = {}
         if 'keys' in params:
             reader_kwargs.setdefault('keys', False)  # values are enough
+        _check_color(color)
+        self.color = color
         self.transform = transform
         self.prefetch = int(prefetch)
         self.decode_threads = decode_threads
@@ -795,7 +831,7 @@ class DatumReader:
         data, labels = decode(batch.values, force_color=self.force_color,
                               force_gray=self.force_gray,
                               threads=self.decode_threads,
-                              indices=batch.indices)
+                              indices=batch.indices, color=self.color)
         if self.transform is not None:
             data = self.transform(data)
         return data, labels
