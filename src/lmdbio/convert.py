@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 import time
+import zipfile
 
 import numpy as np
 
@@ -122,7 +123,12 @@ class _Writer:
     doubled whenever it fills."""
 
     def __init__(self, path, map_size, commit_every):
-        import lmdb
+        try:
+            import lmdb
+        except ImportError:
+            raise ConvertError('writing an LMDB needs py-lmdb, which is not '
+                               'installed: pip install "lmdbio[convert]" '
+                               '(or pip install lmdb)') from None
         self.lmdb = lmdb
         path = os.fspath(path)
         if os.path.exists(path) and (not os.path.isdir(path) or
@@ -246,8 +252,11 @@ def _size_of(value):
 def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
                      resize_height=0, resize_width=0, check_size=False,
                      encoded=False, encode_type='', map_size=1 << 30,
-                     commit_every=1000, threads=None, log=None):
-    """What ``convert_imageset`` does; returns (written, skipped)."""
+                     commit_every=1000, threads=None, log=None,
+                     progress=None):
+    """What ``convert_imageset`` does; returns (written, skipped).
+    ``progress(done, total)``, when given, is called after each chunk of
+    images."""
     from lmdbio.datum import _default_threads, _pool
     lines = read_list(listfile)
     if shuffle:
@@ -308,7 +317,9 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
                                                      data_size))
                 key = ('%08d_%s' % (line_id, name)).encode('utf-8')
                 w.put(key, value)
-            if log and (lo + chunk) % 1000 < chunk:
+            if progress:
+                progress(min(len(lines), lo + chunk), len(lines))
+            elif log and (lo + chunk) % 1000 < chunk:
                 log('Processed %d files.' % min(len(lines), lo + chunk))
     finally:
         w.close()
@@ -336,9 +347,10 @@ def _pick(npz, key, names, what):
 
 def convert_arrays(data, labels, db, *, nhwc=False, rgb=False, encoded=False,
                    encode_type='', shuffle=False, seed=0, map_size=1 << 30,
-                   commit_every=1000, log=None):
+                   commit_every=1000, log=None, progress=None):
     """Images [N, C, H, W] (or [N, H, W]) and labels [N] into an LMDB of
-    Datums keyed "%08d"; returns the record count."""
+    Datums keyed "%08d"; returns the record count.  ``progress(done,
+    total)``, when given, is called every 256 records and at the end."""
     from lmdbio.datum import encode
     data = np.asarray(data)
     labels = np.asarray(labels).reshape(-1) if labels is not None else None
@@ -383,7 +395,9 @@ def convert_arrays(data, labels, db, *, nhwc=False, rgb=False, encoded=False,
         for pos, i in enumerate(order):
             label = None if labels is None else int(labels[i])
             w.put(b'%08d' % pos, encode(data[i], label, encoded=fmt))
-            if log and (pos + 1) % 10000 == 0:
+            if progress and ((pos + 1) % 256 == 0 or pos + 1 == n):
+                progress(pos + 1, n)
+            elif log and not progress and (pos + 1) % 10000 == 0:
                 log('Processed %d records.' % (pos + 1))
     finally:
         w.close()
@@ -413,6 +427,11 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
     except SystemExit as e:  # --help
         return e.code or 0
     log = None if o.quiet else (lambda s: err('%s: %s\n' % (prog, s)))
+    from lmdbio import _progress
+    stream = io.err if io is not None else sys.stderr
+    progress = end = None
+    if not o.quiet and _progress.is_terminal(stream):
+        progress, end = _progress.bar(err, prog, 'records')
     t0 = time.perf_counter()
     try:
         if o.npz:
@@ -420,6 +439,9 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                 err('%s%s: --npz takes FILE.npz DB_NAME\n' % (_USAGE, prog))
                 return 2
             src, db = o.inputs
+            if not zipfile.is_zipfile(src):
+                raise ConvertError('%s is not a .npz file (numpy.savez or '
+                                   'savez_compressed writes one)' % src)
             with np.load(src, allow_pickle=False) as npz:
                 data = _pick(npz, o.data_key, ('data', 'x', 'images', 'X'),
                              'images')
@@ -435,7 +457,8 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                                encoded=o.encoded, encode_type=o.encode_type,
                                shuffle=o.shuffle, seed=o.seed,
                                map_size=o.map_size,
-                               commit_every=o.commit_every, log=log)
+                               commit_every=o.commit_every, log=log,
+                               progress=progress)
             skipped = 0
         else:
             if len(o.inputs) != 3:
@@ -449,10 +472,14 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                 resize_width=o.resize_width, check_size=o.check_size,
                 encoded=o.encoded, encode_type=o.encode_type,
                 map_size=o.map_size, commit_every=o.commit_every,
-                threads=o.threads, log=log)
+                threads=o.threads, log=log, progress=progress)
     except (ConvertError, OSError, ValueError, ImportError) as e:
+        if end:
+            end()
         err('%s: %s\n' % (prog, e))
         return 1
+    if end:
+        end()
     if log:
         log('wrote %d records to %s in %.2f s%s'
             % (n, db, time.perf_counter() - t0,
