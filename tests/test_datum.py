@@ -52,7 +52,8 @@ def _isolated_cache(tmp_path, monkeypatch):
 def backend(request, monkeypatch):
     if request.param is None:
         pytest.skip("neither OpenCV nor Pillow is installed")
-    monkeypatch.setattr(ld, "_BACKEND", request.param)
+    from lmdbio import _images
+    monkeypatch.setattr(_images, "_BACKEND", request.param)
     return request.param
 
 
@@ -376,6 +377,14 @@ def test_force_flags_exclusive():
 # encode
 
 
+def test_encode_file_is_what_protobuf_writes():
+    for label in (None, 0, -3, 7):
+        raw = ld.encode_file(b"\x89PNG fake bytes", label)
+        kw = {} if label is None else {"label": label}
+        assert raw == Datum(data=b"\x89PNG fake bytes", encoded=True,
+                            **kw).SerializeToString()
+
+
 @pytest.mark.parametrize("shape", [(3, 4, 5), (1, 28, 28), (1, 1, 1), (3, 0, 2)])
 @pytest.mark.parametrize("label", [None, 0, 7, -1])
 def test_encode_is_what_caffe_writes(shape, label):
@@ -506,10 +515,11 @@ def test_jpeg_decoders_agree_within_tolerance():
     a = np.stack([x * 6, y * 6, (x + y) * 3]).astype(np.uint8)
     raw = ld.encode(a, 0, encoded="jpg")
     got = {}
+    from lmdbio import _images
     for b in BACKENDS:
-        ld._BACKEND = b
+        _images._BACKEND = b
         got[b] = ld.decode([raw])[0].astype(int)
-    ld._BACKEND = None
+    _images._BACKEND = None
     assert np.abs(got["cv2"] - got["pil"]).max() <= 4
 
 

@@ -199,7 +199,7 @@ def read_list(listfile):
 
 
 def _resize(img, height, width):
-    from lmdbio.datum import image_backend
+    from lmdbio._images import image_backend
     if image_backend() == 'cv2':
         import cv2
         return cv2.resize(img, (width, height), interpolation=cv2.INTER_LINEAR)
@@ -214,11 +214,12 @@ def _resize(img, height, width):
 def _image_record(path, label, is_color, height, width, enc):
     """convert_imageset's ReadImageToDatum: the serialized Datum, or None
     when the image cannot be read."""
-    from lmdbio.datum import _imdecode, _chw, encode
+    from lmdbio._images import imdecode, chw
+    from lmdbio.datum import encode, encode_file
     try:
         with open(path, 'rb') as f:
             raw = f.read()
-        img = _imdecode(np.frombuffer(raw, np.uint8), is_color, not is_color)
+        img = imdecode(np.frombuffer(raw, np.uint8), is_color, not is_color)
     except Exception:
         return None
     if height > 0 and width > 0:
@@ -231,16 +232,10 @@ def _image_record(path, label, is_color, height, width, enc):
         if (channels == 3) == is_color and not height and not width and \
                 ext_ok:
             # the file itself (ReadFileToDatum): data, label, encoded
-            return _encoded_datum(raw, label)
-        return encode(_chw(img), label,
+            return encode_file(raw, label)
+        return encode(chw(img), label,
                       encoded='jpg' if enc in ('jpg', 'jpeg') else enc)
-    return encode(np.ascontiguousarray(_chw(img)), label)
-
-
-def _encoded_datum(raw, label):
-    from lmdbio.datum import _varint, _int32
-    return b''.join([b'\x22', _varint(len(raw)), raw, _int32(5, label),
-                     b'\x38\x01'])
+    return encode(np.ascontiguousarray(chw(img)), label)
 
 
 def _size_of(value):
@@ -257,7 +252,7 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
     """What ``convert_imageset`` does; returns (written, skipped).
     ``progress(done, total)``, when given, is called after each chunk of
     images."""
-    from lmdbio.datum import _default_threads, _pool
+    from lmdbio._images import default_threads, pool
     lines = read_list(listfile)
     if shuffle:
         perm = np.random.default_rng(seed).permutation(len(lines))
@@ -273,7 +268,7 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
     if (resize_height > 0) != (resize_width > 0) and log:
         log('warning: only one of resize_height/resize_width is set: not '
             'resizing (as Caffe)')
-    threads = _default_threads() if threads is None else max(1, threads)
+    threads = default_threads() if threads is None else max(1, threads)
     w = _Writer(db, map_size, commit_every)
     skipped = 0
     data_size = None
@@ -296,7 +291,7 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
         for lo in range(0, len(lines), chunk):
             items = list(enumerate(lines[lo:lo + chunk], lo))
             if threads > 1:
-                results = list(_pool(threads).map(work, items))
+                results = list(pool(threads).map(work, items))
             else:
                 results = [work(it) for it in items]
             for line_id, name, value in results:

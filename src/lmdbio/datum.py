@@ -21,7 +21,6 @@ the record; a batch whose records differ in shape or kind raises
 ``ValueError`` naming the first one that differs from record 0.
 """
 
-import concurrent.futures
 import os
 import queue
 import struct
@@ -33,8 +32,8 @@ import numpy as np
 from lmdbio import _datum
 from lmdbio.errors import DatumError
 
-__all__ = ['decode', 'decode_one', 'encode', 'read_mean', 'Transform',
-           'DatumReader', 'DatumError', 'image_backend']
+__all__ = ['decode', 'decode_one', 'encode', 'encode_file', 'read_mean',
+           'Transform', 'DatumReader', 'DatumError', 'image_backend']
 
 
 # --------------------------------------------------------------------------
@@ -90,99 +89,10 @@ def _renamed(exc, indices):
 # images
 # --------------------------------------------------------------------------
 
-_BACKEND = None
-
-
-def image_backend():
-    """The library that decodes encoded Datums: ``"cv2"`` (OpenCV, what
-    Caffe uses) when importable, else ``"pil"`` (Pillow).
-    ``$LMDBIO_IMAGE_BACKEND`` (cv2 or pil) forces one.  Raises ImportError
-    when neither is installed."""
-    global _BACKEND
-    if _BACKEND is not None:
-        return _BACKEND
-    want = os.environ.get('LMDBIO_IMAGE_BACKEND', '').lower() or None
-    if want not in (None, 'cv2', 'pil'):
-        raise ValueError('LMDBIO_IMAGE_BACKEND must be cv2 or pil')
-    errors = []
-    for name in ((want,) if want else ('cv2', 'pil')):
-        try:
-            if name == 'cv2':
-                import cv2  # noqa: F401
-            else:
-                import PIL.Image  # noqa: F401
-            _BACKEND = name
-            return name
-        except ImportError as e:
-            errors.append(str(e))
-    raise ImportError('decoding encoded (JPEG/PNG) Datums needs OpenCV or '
-                      'Pillow: pip install opencv-python-headless (or '
-                      'Pillow)  [%s]' % '; '.join(errors))
-
-
-def _imdecode(buf, force_color, force_gray):
-    """An image file's bytes -> np.uint8 (H, W, C) in BGR(A) order or
-    (H, W) grey; raises on anything it cannot decode to 8 bits."""
-    if image_backend() == 'cv2':
-        import cv2
-        flag = (cv2.IMREAD_COLOR if force_color else
-                cv2.IMREAD_GRAYSCALE if force_gray else cv2.IMREAD_UNCHANGED)
-        img = cv2.imdecode(buf, flag)
-        if img is None:
-            raise ValueError('not an image OpenCV can decode')
-        if img.dtype != np.uint8:
-            raise ValueError('a %s image: Caffe needs 8-bit pixels'
-                             % img.dtype)
-        return img
-    import io
-    from PIL import Image
-    with Image.open(io.BytesIO(buf)) as im:
-        im.load()
-        if force_gray:
-            im = im.convert('L')
-        elif force_color:
-            im = im.convert('RGB')
-        elif im.mode == '1':
-            im = im.convert('L')
-        elif im.mode == 'P':
-            im = im.convert('RGBA' if 'transparency' in im.info else 'RGB')
-        elif im.mode == 'LA':
-            im = im.convert('RGBA')
-        elif im.mode in ('CMYK', 'YCbCr', 'LAB', 'HSV'):
-            im = im.convert('RGB')
-        elif im.mode not in ('L', 'RGB', 'RGBA'):
-            raise ValueError('a %s image: Caffe needs 8-bit pixels' % im.mode)
-        a = np.asarray(im)
-    if a.ndim == 3:
-        a = a[:, :, [2, 1, 0, 3][:a.shape[2]] if a.shape[2] == 4
-              else slice(None, None, -1)]
-    return a
-
-
-def _chw(img):
-    return img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
-
-
-_POOLS = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(threads):
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix='lmdbio-imdecode')
-            _POOLS[threads] = pool
-        return pool
-
-
-def _default_threads():
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(8, n))
+from lmdbio._images import (  # noqa: E402  (one home, shared with convert)
+    image_backend, imdecode as _imdecode, chw as _chw, pool as _pool,
+    default_threads as _default_threads,
+)
 
 
 def _decode_images(data, doff, dlen, force_color, force_gray, threads):
@@ -390,6 +300,18 @@ def _int32(field, v):
     return _varint(field << 3) + _varint(v & 0xFFFFFFFFFFFFFFFF)
 
 
+def encode_file(image, label=None):
+    """A Datum holding an image file's bytes as they are (JPEG, PNG, ...):
+    ``data``, ``label`` and ``encoded: true``, what Caffe's
+    ``convert_imageset --encoded`` stores for a file it need not re-encode."""
+    image = bytes(image)
+    parts = [b'\x22', _varint(len(image)), image]
+    if label is not None:
+        parts.append(_int32(5, label))
+    parts.append(b'\x38\x01')
+    return b''.join(parts)
+
+
 def _png(chw):
     """PNG file of a (C, H, W) uint8 array in Caffe's order (BGR / BGRA /
     grey), written without an image library."""
@@ -469,12 +391,8 @@ def encode(array, label=None, encoded=False, *, quality=95):
             raise ValueError('an encoded Datum holds uint8 pixels, not %s'
                              % a.dtype)
         a = np.ascontiguousarray(a)
-        img = _png(a) if fmt == 'png' else _jpeg(a, quality)
-        parts += [b'\x22', _varint(len(img)), img]
-        if label is not None:
-            parts.append(_int32(5, label))
-        parts.append(b'\x38\x01')
-        return b''.join(parts)
+        return encode_file(_png(a) if fmt == 'png' else _jpeg(a, quality),
+                           label)
     parts += [_int32(1, c), _int32(2, h), _int32(3, w)]
     if a.dtype == np.uint8:
         raw = np.ascontiguousarray(a).tobytes()
