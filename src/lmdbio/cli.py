@@ -40,31 +40,24 @@ __all__ = ["main", "MDB_VERSION_STRING"]
 # is that of lmdb-utils 0.9.24 (Debian's).
 MDB_VERSION_STRING = "LMDB 0.9.24: (July 24, 2019)"
 
-# liblmdb error codes and their mdb_strerror() texts.
-_MDB_ERRORS = {
-    "KeyExistsError": (-30799, "MDB_KEYEXIST: Key/data pair already exists"),
-    "NotFoundError": (-30798, "MDB_NOTFOUND: No matching key/data pair found"),
-    "PageNotFoundError": (-30797, "MDB_PAGE_NOTFOUND: Requested page not found"),
-    "CorruptedError": (-30796, "MDB_CORRUPTED: Located page was wrong type"),
-    "PanicError": (-30795, "MDB_PANIC: Update of meta page failed or environment had fatal error"),
-    "VersionMismatchError": (-30794, "MDB_VERSION_MISMATCH: Database environment version mismatch"),
-    "InvalidError": (-30793, "MDB_INVALID: File is not an LMDB file"),
-    "MapFullError": (-30792, "MDB_MAP_FULL: Environment mapsize limit reached"),
-    "DbsFullError": (-30791, "MDB_DBS_FULL: Environment maxdbs limit reached"),
-    "ReadersFullError": (-30790, "MDB_READERS_FULL: Environment maxreaders limit reached"),
-    "TlsFullError": (-30789, "MDB_TLS_FULL: Thread-local storage keys full - too many environments open"),
-    "TxnFullError": (-30788, "MDB_TXN_FULL: Transaction has too many dirty pages - transaction too big"),
-    "CursorFullError": (-30787, "MDB_CURSOR_FULL: Internal error - cursor stack limit reached"),
-    "PageFullError": (-30786, "MDB_PAGE_FULL: Internal error - page has no more space"),
-    "MapResizedError": (-30785, "MDB_MAP_RESIZED: Database contents grew beyond environment mapsize"),
-    "IncompatibleError": (-30784, "MDB_INCOMPATIBLE: Operation and DB incompatible, or DB flags changed"),
-    "BadRslotError": (-30783, "MDB_BAD_RSLOT: Invalid reuse of reader locktable slot"),
-    "BadTxnError": (-30782, "MDB_BAD_TXN: Transaction must abort, has a child, or is invalid"),
-    "BadValsizeError": (-30781, "MDB_BAD_VALSIZE: Unsupported size of key/DB name/data, or wrong DUPFIXED size"),
-    "BadDbiError": (-30780, "MDB_BAD_DBI: The specified DBI handle was closed/changed unexpectedly"),
-}
-_INVALID = _MDB_ERRORS["InvalidError"]
-_VERSION_MISMATCH = _MDB_ERRORS["VersionMismatchError"]
+def _mdb_codes():
+    """{exception class name: (liblmdb code, mdb_strerror text)}, from
+    lmdbio.errors (the one table of them; imported when first needed)."""
+    global _MDB_CODES
+    if _MDB_CODES is None:
+        from lmdbio import errors
+        _MDB_CODES = {cls.__name__: (code, errors.strerror(code))
+                      for code, cls in errors.ERROR_MAP.items()
+                      if errors.MDB_KEYEXIST <= code <= errors.MDB_ENV_ENCRYPTION}
+    return _MDB_CODES
+
+
+_MDB_CODES = None
+
+
+def _mdb(name):
+    """(code, text) of one liblmdb error, by py-lmdb's class name."""
+    return _mdb_codes()[name]
 
 # On-disk constants (lmdb-format.md).
 _P_META = 0x08
@@ -161,8 +154,8 @@ def _error_of(exc):
     if isinstance(code, int) and code > 0:  # an errno value (lmdbio.Error)
         return code, os.strerror(code)
     for cls in type(exc).__mro__:
-        if cls.__name__ in _MDB_ERRORS:
-            code, text = _MDB_ERRORS[cls.__name__]
+        if cls.__name__ in _mdb_codes():
+            code, text = _mdb(cls.__name__)
             if cls.__name__ in _DAMAGE and str(exc):
                 text = str(exc)
             return code, text
@@ -307,13 +300,13 @@ def _read_meta(path, nosubdir):
                     # liblmdb takes an empty file for a new environment and
                     # then fails read-only with EBADF.
                     raise _MdbError(errno.EBADF, os.strerror(errno.EBADF))
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             (flags,) = struct.unpack_from("<H", buf, 10)
             magic, version, address, mapsize = struct.unpack_from("<IIQQ", buf, 16)
             if not flags & _P_META or magic != _MDB_MAGIC:
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             if version != _MDB_DATA_VERSION:
-                raise _MdbError(*_VERSION_MISMATCH)
+                raise _MdbError(*_mdb("VersionMismatchError"))
             psize, free_flags = struct.unpack_from("<IH", buf, 40)
             main_flags, = struct.unpack_from("<H", buf, 92)
             main_entries, = struct.unpack_from("<Q", buf, 120)
@@ -367,16 +360,16 @@ class _LockState:
             rsize = (_DEFAULT_READERS - 1) * _READER_SIZE + _TXNINFO_SIZE
             if not (exclusive and size < rsize):
                 if size < _TXNINFO_SIZE:
-                    raise _MdbError(*_INVALID)
+                    raise _MdbError(*_mdb("InvalidError"))
                 self.maxreaders = (size - _TXNINFO_SIZE) // _READER_SIZE + 1
             if exclusive:
                 return
             self.live = True
             head = os.pread(fd, 64, 0)
             if len(head) < 64 or struct.unpack_from("<I", head, 0)[0] != _MDB_MAGIC:
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             if struct.unpack_from("<I", head, 4)[0] != _LOCK_FORMAT:
-                raise _MdbError(*_VERSION_MISMATCH)
+                raise _MdbError(*_mdb("VersionMismatchError"))
             (self.numreaders,) = struct.unpack_from("<I", head, _NUMREADERS_OFFSET)
             count = min(self.numreaders, self.maxreaders)
             table = os.pread(fd, count * _READER_SIZE, _READERS_OFFSET)
@@ -639,7 +632,7 @@ def _open_failure(prog, path, nosubdir, exc):
         why = "a directory: without -n, give the environment's directory"
     elif code == errno.EACCES:
         why = "permission denied reading %s" % data
-    elif code == _INVALID[0] or code == _VERSION_MISMATCH[0]:
+    elif code in (_mdb("InvalidError")[0], _mdb("VersionMismatchError")[0]):
         why = "not an LMDB data file (%s)" % text
     else:
         why = "%s (error %d)" % (text, code)
