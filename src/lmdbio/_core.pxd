@@ -119,6 +119,13 @@ cdef extern from "lmdbio.h" nogil:
     void lio_posix_close(lio_posix *p)
     int lio_fault_injection(uint64_t *injected)
 
+    # copies (csrc/copy.c)
+    ctypedef int (*lio_write_fn)(void *ctx, const void *buf, size_t len) noexcept nogil
+    void lio_meta_write(uint8_t *page, unsigned pgno, const lio_meta *m)
+    int lio_compact_copy(lio_env *env, const lio_meta *snap, uint64_t mapsize,
+                         int nosubdir, lio_write_fn write, void *ctx,
+                         lio_error *err) nogil
+
     # structural verification (csrc/verify.c)
     ctypedef struct lio_verify_opts:
         void (*report)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
