@@ -16,7 +16,10 @@
  * both), nothing reachable lies past mm_last_pg or the end of the file.
  *
  * Pages are read one at a time into per-level buffers (not the cache); the
- * only memory that grows with the file is two bitmaps (2 bits per page). */
+ * only memory that grows with the file is two bitmaps (2 bits per page).
+ *
+ * May call: errors.c, format.c (page checks, key order), pager.c
+ * (lio_read_into), env.c (lio_env_read_metas) and cursor.c (lio_named_db). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,12 +206,6 @@ static void mark_free(vstate *v, uint64_t pgno, uint64_t from, uint64_t txn)
     set_bit(v->freed, pgno);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Every page 2..last_pg: reachable once or free once, never both. */
 static void account(vstate *v)
 {
@@ -241,7 +238,7 @@ static void account(vstate *v)
         return;
     /* Pages past the end of the file, up to last_pg: all must be free. */
     if (v->ntail)
-        qsort(v->tail, v->ntail, sizeof *v->tail, cmp_u64);
+        qsort(v->tail, v->ntail, sizeof *v->tail, lio_cmp_u64);
     {
         uint64_t distinct = 0;
         for (size_t j = 0; j < v->ntail; j++) {

@@ -64,28 +64,6 @@ cdef extern from "<unistd.h>" nogil:
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
-cdef extern from "lockfile.h" nogil:
-    ctypedef struct lio_lock:
-        pass
-    ctypedef struct lio_reader:
-        pass
-    ctypedef int (*lio_txnid_fn)(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogil
-    size_t lio_lock_path(char *buf, size_t cap, const char *env_path,
-                         int subdir)
-    int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
-                      unsigned max_readers, lio_txnid_fn newest_txnid,
-                      void *ctx, lio_error *err)
-    void lio_lock_close(lio_lock *lk)
-    int lio_lock_reader_begin(lio_lock *lk, lio_reader **slot,
-                              uint64_t *txnid, lio_error *err)
-    int lio_lock_reader_refresh(lio_lock *lk, lio_reader *slot,
-                                uint64_t *txnid, lio_error *err)
-    void lio_lock_reader_reset(lio_lock *lk, lio_reader *slot)
-    void lio_lock_reader_end(lio_lock *lk, lio_reader *slot)
-    unsigned lio_lock_max_readers(const lio_lock *lk)
-    unsigned lio_lock_num_readers(const lio_lock *lk)
-    int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
-    size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
 
 
 cdef int _newest_txnid(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogil:
