@@ -165,7 +165,7 @@ $(SAN_STAMP): $(DEPS_STAMP) $(SOURCES) setup.py
 	rm -rf $(SAN_DIR)
 	mkdir -p $(SAN_DIR)/src
 	cp -r setup.py pyproject.toml meson.build README.md csrc src $(SAN_DIR)/src/
-	cd $(SAN_DIR)/src && LMDBIO_CFLAGS="-O1 $(SAN_CFLAGS)" LMDBIO_MODULES=_core,_bulk \
+	cd $(SAN_DIR)/src && LMDBIO_CFLAGS="-O1 $(SAN_CFLAGS)" LMDBIO_MODULES=_core,_bulk,_datum \
 		$(abspath $(VPY)) setup.py -q build_py --build-lib ../lib build_ext -j 2 --build-lib ../lib
 	touch $@
 

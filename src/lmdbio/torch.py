@@ -245,7 +245,9 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
     called once per batch with the values (a :class:`lmdbio.Ragged`, e.g.
     ``decode=lmdbio.datum.decode`` gives ``(data[k, C, H, W], labels[k])``),
     without it a batch is ``(keys, values)`` lists; use
-    ``DataLoader(ds, batch_size=None)``.
+    ``DataLoader(ds, batch_size=None)``.  ``color``: ``"rgb"`` or ``"bgr"``,
+    passed to ``decode`` as ``decode(values, color=color)`` (lmdbio.datum's
+    decoders take it); None (default) passes nothing.
 
     ``read_size``: records per bulk read when ``batch_size`` is None.
     ``prefetch``: how many reads a background thread runs ahead (0: none).
