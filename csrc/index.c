@@ -11,57 +11,6 @@
 #define CHUNK_PAGES 256      /* whole pages per executor round */
 #define CHUNK_HEADERS 8192   /* leaf headers per executor round */
 
-int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
-                          lio_error *err)
-{
-    uint16_t lower = pg_lower(p), upper = pg_upper(p);
-    if (pg_pgno(p) != pgno)
-        return lio_fail(err, LIO_CORRUPTED, pgno,
-                        "page %llu carries page number %llu in its header",
-                        (unsigned long long)pgno,
-                        (unsigned long long)pg_pgno(p));
-    if (pg_flags(p) != P_LEAF)
-        return lio_fail(err, LIO_CORRUPTED, pgno,
-                        "page %llu has flags 0x%x where the tree's depth puts "
-                        "a leaf", (unsigned long long)pgno, pg_flags(p));
-    if (lower <= PAGEHDRSZ || lower > upper || upper > psize || (lower & 1))
-        return lio_fail(err, LIO_CORRUPTED, pgno,
-                        "page %llu: bad free-space bounds lower=%u upper=%u",
-                        (unsigned long long)pgno, lower, upper);
-    return LIO_SUCCESS;
-}
-
-int lio_leaf_dup_records(const uint8_t *p, uint32_t psize, uint64_t pgno,
-                         uint64_t *count, lio_error *err)
-{
-    unsigned n = pg_numkeys(p);
-    uint64_t total = 0;
-    for (unsigned i = 0; i < n; i++) {
-        const uint8_t *nd = pg_node(p, i);
-        uint16_t f = nd_flags(nd);
-        if (!(f & F_DUPDATA)) {
-            total++;
-        } else if (f & F_SUBDATA) {
-            lio_dbrec rec;
-            lio_parse_dbrec(nd_data(nd), &rec);
-            if (rec.entries == 0 || rec.root == LIO_EMPTY_ROOT)
-                return lio_fail(err, LIO_CORRUPTED, pgno,
-                                "page %llu: node %u has an empty duplicate "
-                                "sub-database", (unsigned long long)pgno, i);
-            total += rec.entries;
-        } else {
-            const uint8_t *sp = nd_data(nd);
-            int rc = lio_check_page(sp, nd_dsize(nd), pgno, 1, err);
-            if (rc)
-                return rc;
-            total += pg_numkeys(sp);
-        }
-    }
-    (void)psize;
-    *count = total;
-    return LIO_SUCCESS;
-}
-
 typedef struct {
     uint64_t pgno;
     uint64_t pos;    /* position in key order within the level */

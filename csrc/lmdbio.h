@@ -18,7 +18,9 @@
 extern "C" {
 #endif
 
-/* Return codes: liblmdb's numbers where liblmdb has the same condition. */
+/* Return codes: liblmdb's numbers where liblmdb has the same condition.
+ * The C side's one table of them (lmdbio.errors is the Python side's, with
+ * every MDB code py-lmdb knows; a test checks that the two agree). */
 #define LIO_SUCCESS 0
 #define LIO_RETRY 1                  /* internal: meta changed, try again */
 #define LIO_NOTFOUND (-30798)        /* MDB_NOTFOUND */
@@ -26,7 +28,9 @@ extern "C" {
 #define LIO_CORRUPTED (-30796)       /* MDB_CORRUPTED */
 #define LIO_VERSION_MISMATCH (-30794)/* MDB_VERSION_MISMATCH */
 #define LIO_INVALID (-30793)         /* MDB_INVALID: not an LMDB file */
+#define LIO_READERS_FULL (-30790)    /* MDB_READERS_FULL */
 #define LIO_INCOMPATIBLE (-30784)    /* MDB_INCOMPATIBLE */
+#define LIO_BAD_RSLOT (-30783)       /* MDB_BAD_RSLOT */
 #define LIO_BAD_VALSIZE (-30781)     /* MDB_BAD_VALSIZE */
 #define LIO_EINVAL (-22)             /* bad argument (e.g. op needs DUPSORT) */
 #define LIO_ENOMEM (-12)
@@ -327,6 +331,9 @@ typedef struct lio_verify_opts {
     /* Called for each problem found: the page it is on (LIO_NO_PAGE ==
      * UINT64_MAX if none) and a message that names it. */
     void (*report)(void *ctx, uint64_t pgno, const char *msg);
+    /* Called (when set) for what a healthy file may show but a reader
+     * should know: counts that some liblmdb versions keep inexactly. */
+    void (*note)(void *ctx, uint64_t pgno, const char *msg);
     /* Called every progress_every pages read; nonzero stops the walk. */
     int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total);
     void *ctx;
@@ -338,6 +345,7 @@ typedef struct lio_verify_opts {
 
 typedef struct lio_verify_stats {
     uint64_t problems;
+    uint64_t notes;
     uint64_t pages_read;
     uint64_t trees;          /* non-empty trees walked */
     uint64_t named_dbs;
@@ -352,6 +360,26 @@ typedef struct lio_verify_stats {
  * memory, the progress callback, a missing db_name: LIO_NOTFOUND). */
 int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
                lio_verify_stats *st, lio_error *err);
+
+/* ---- copies (copy.c) ------------------------------------------------- */
+
+/* Where a copy's bytes go: 0, or an errno value that stops the copy. */
+typedef int (*lio_write_fn)(void *ctx, const void *buf, size_t len);
+
+/* Write meta page pgno (0 or 1) describing m into page (psize bytes): page
+ * header, magic, version, mapsize, both database records, last page and
+ * txnid.  The other bytes of the page are left as they are. */
+void lio_meta_write(uint8_t *page, unsigned pgno, const lio_meta *m);
+
+/* mdb_env_copy with MDB_CP_COMPACT: the snapshot's trees renumbered from
+ * page 2, free pages left out, written through `write` byte for byte as
+ * liblmdb's `mdb_copy -c` writes them (mapsize: the meta's mm_mapsize;
+ * nosubdir: keep MDB_NOSUBDIR in the free DB's flags).  LIO_SYSERR with
+ * sys_errno set when `write` fails; LIO_INCOMPATIBLE when the trees and the
+ * free-page DB disagree on the page count (a page leak, as liblmdb). */
+int lio_compact_copy(lio_env *env, const lio_meta *snap, uint64_t mapsize,
+                     int nosubdir, lio_write_fn write, void *ctx,
+                     lio_error *err);
 
 /* ---- memory source (memsrc.c): a whole file in a byte buffer ----------- */
 

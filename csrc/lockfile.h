@@ -90,13 +90,6 @@
 extern "C" {
 #endif
 
-#ifndef LIO_READERS_FULL
-#define LIO_READERS_FULL (-30790)    /* MDB_READERS_FULL */
-#endif
-#ifndef LIO_BAD_RSLOT
-#define LIO_BAD_RSLOT (-30783)       /* MDB_BAD_RSLOT */
-#endif
-
 #define LIO_LOCK_MAGIC 0xBEEFC0DEu
 #define LIO_LOCK_FORMAT 0x00010001u  /* liblmdb 0.9.x, MDB_PIDLOCK */
 #define LIO_DEFAULT_READERS 126u

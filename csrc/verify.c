@@ -5,15 +5,21 @@
  * Checked: page headers and node bounds (lio_check_page), tree depth, page
  * kinds per level, key order within each page and across pages (each child
  * of a branch holds keys >= its separator and < the next one, under the
- * tree's comparator), integer key sizes, overflow runs (flags, page count,
- * within the snapshot), sub-pages, named and duplicate database records,
- * the page / record counts of every MDB_db record, free-list records, and
- * the accounting of pages: every page from 2 to mm_last_pg is reachable
- * exactly once or listed free exactly once (never both), nothing reachable
- * lies past mm_last_pg or the end of the file.
+ * tree's comparator), integer key sizes, node layout (nodes packed from
+ * mp_upper to the end, as liblmdb keeps them), overflow runs (flags, page
+ * count, within the snapshot), sub-pages, named and duplicate database
+ * records, the page / record counts of every MDB_db record (see
+ * check_counts for the DUPSORT counts liblmdb versions keep differently:
+ * reported as notes), free-list records (sorted largest first), the other
+ * meta page's records, and the accounting of pages: every page from 2 to
+ * mm_last_pg is reachable exactly once or listed free exactly once (never
+ * both), nothing reachable lies past mm_last_pg or the end of the file.
  *
  * Pages are read one at a time into per-level buffers (not the cache); the
- * only memory that grows with the file is two bitmaps (2 bits per page). */
+ * only memory that grows with the file is two bitmaps (2 bits per page).
+ *
+ * May call: errors.c, format.c (page checks, key order), pager.c
+ * (lio_read_into), env.c (lio_env_read_metas) and cursor.c (lio_named_db). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +45,8 @@ typedef struct vtree {
     int cmp, dcmp;
     size_t keysize;          /* INTEGERKEY: size of the keys (0: none yet) */
     size_t dupsize;          /* INTEGERDUP: size of the values */
-    uint64_t branch, leaf, overflow, entries;
+    uint64_t branch, leaf, overflow, entries;  /* the tree's own pages */
+    uint64_t sub_branch, sub_leaf;  /* pages of its duplicate sub-trees */
 } vtree;
 
 typedef struct vstate {
@@ -83,6 +90,24 @@ static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
         v->o->report(v->o->ctx, pgno, msg);
     if (v->o && v->o->max_problems && v->st->problems >= v->o->max_problems)
         v->stop = 1;
+}
+
+/* Something a healthy file may show that a reader should know about. */
+static void note(vstate *v, uint64_t pgno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void note(vstate *v, uint64_t pgno, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    if (v->stop)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    v->st->notes++;
+    if (v->o && v->o->note)
+        v->o->note(v->o->ctx, pgno, msg);
 }
 
 static void fatal(vstate *v, int rc, const lio_error *e)
@@ -181,12 +206,6 @@ static void mark_free(vstate *v, uint64_t pgno, uint64_t from, uint64_t txn)
     set_bit(v->freed, pgno);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Every page 2..last_pg: reachable once or free once, never both. */
 static void account(vstate *v)
 {
@@ -219,7 +238,7 @@ static void account(vstate *v)
         return;
     /* Pages past the end of the file, up to last_pg: all must be free. */
     if (v->ntail)
-        qsort(v->tail, v->ntail, sizeof *v->tail, cmp_u64);
+        qsort(v->tail, v->ntail, sizeof *v->tail, lio_cmp_u64);
     {
         uint64_t distinct = 0;
         for (size_t j = 0; j < v->ntail; j++) {
@@ -328,21 +347,53 @@ static void check_keys(vstate *v, vtree *t, const uint8_t *p, unsigned first,
                 pg, t->name, what, n - 1);
 }
 
-/* A duplicate sub-tree's record, or a named DB's: counts after the walk. */
+/* A tree's record against what the walk counted.
+ *
+ * md_entries and md_overflow_pages are exact in every liblmdb.  The branch
+ * and leaf page counts of a DUPSORT database are not: liblmdb up to 0.9.24
+ * at least (Debian's mdb_load) counts only the tree's own pages, later
+ * versions (py-lmdb's 0.9.3x) also add every page its duplicate sub-trees
+ * allocate and take back only pages freed one by one, not those of a set of
+ * duplicates deleted whole.  So for DUPSORT the own pages plus the sub-tree
+ * pages is the expected value, the own pages alone is the older writers'
+ * value, and any other value is a count that a history of deletions (or of
+ * both kinds of writer) leaves behind: a note, never damage.  The counts are
+ * statistics only; no reader uses them. */
 static void check_counts(vstate *v, vtree *t)
 {
     static const char *names[] = {"md_branch_pages", "md_leaf_pages",
                                   "md_overflow_pages", "md_entries"};
     uint64_t want[4] = {t->db.branch_pages, t->db.leaf_pages,
                         t->db.overflow_pages, t->db.entries};
-    uint64_t have[4] = {t->branch, t->leaf, t->overflow, t->entries};
-    for (int i = 0; i < 4; i++)
-        if (want[i] != have[i])
+    uint64_t have[4] = {t->branch + t->sub_branch, t->leaf + t->sub_leaf,
+                        t->overflow, t->entries};
+    uint64_t own[2] = {t->branch, t->leaf};
+    int dupsort = t->kind != T_DUP && (t->db.flags & LIO_DUPSORT);
+    for (int i = 0; i < 4; i++) {
+        unsigned long long w = (unsigned long long)want[i];
+        if (want[i] == have[i])
+            continue;
+        if (dupsort && i < 2 && want[i] == own[i])
+            note(v, t->rec_pgno, "the record of %s (page %llu) says %s = %llu: "
+                 "its own pages, without the %llu of its duplicate sub-trees, "
+                 "as liblmdb 0.9.24 and older count them (not damage)",
+                 t->name, (unsigned long long)t->rec_pgno, names[i], w,
+                 (unsigned long long)(have[i] - own[i]));
+        else if (dupsort && i < 2)
+            note(v, t->rec_pgno, "the record of %s (page %llu) says %s = %llu, "
+                 "the tree has %llu (%llu of its own, %llu in duplicate "
+                 "sub-trees): liblmdb keeps this count inexactly for DUPSORT "
+                 "databases where duplicates were deleted (not damage)",
+                 t->name, (unsigned long long)t->rec_pgno, names[i], w,
+                 (unsigned long long)have[i], (unsigned long long)own[i],
+                 (unsigned long long)(have[i] - own[i]));
+        else
             problem(v, t->rec_pgno, "page %llu: the record of %s (root %llu) "
                     "says %s = %llu, the tree has %llu",
                     (unsigned long long)t->rec_pgno, t->name,
-                    (unsigned long long)t->db.root, names[i],
-                    (unsigned long long)want[i], (unsigned long long)have[i]);
+                    (unsigned long long)t->db.root, names[i], w,
+                    (unsigned long long)have[i]);
+    }
 }
 
 static void walk_tree(vstate *v, vtree *t, unsigned slot)
@@ -471,8 +522,16 @@ static void free_record(vstate *v, vtree *t, uint64_t pgno, unsigned i,
                 "bytes", pg, t->name, i, (unsigned long long)count, size);
         return;
     }
-    for (uint64_t j = 0; j < count && !v->stop; j++)
-        mark_free(v, ld64(data + 8 + 8 * j), pgno, txn);
+    for (uint64_t j = 0, said = 0; j < count && !v->stop; j++) {
+        uint64_t fp = ld64(data + 8 + 8 * j);
+        /* liblmdb keeps page lists sorted, largest first */
+        if (j && fp >= ld64(data + 8 * j) && !said++)
+            problem(v, pgno, "page %llu (%s): the free list of txn %llu is "
+                    "not in descending order (page %llu after %llu)", pg,
+                    t->name, (unsigned long long)txn, (unsigned long long)fp,
+                    (unsigned long long)ld64(data + 8 * j));
+        mark_free(v, fp, pgno, txn);
+    }
 }
 
 static void add_named(vstate *v, const lio_val *key, const uint8_t *rec,
@@ -519,6 +578,40 @@ static void name_tree(char *buf, size_t cap, const uint8_t *name, size_t len)
     if (j + 8 >= cap && len)
         j += (size_t)snprintf(buf + j, cap - j, "...");
     snprintf(buf + j, cap - j, "'");
+}
+
+/* Node layout of a branch/leaf page or sub-page already through
+ * lio_check_page: liblmdb keeps node data packed from mp_upper to the end
+ * (each node 8 header bytes, its key, its data or, for an overflow value, 8
+ * bytes; rounded up to even; a branch node has no data), so every node
+ * starts at or above mp_upper and together they fill that area exactly. */
+static void check_layout(vstate *v, vtree *t, const uint8_t *p, uint32_t size,
+                         uint64_t pgno, const char *where)
+{
+    unsigned n = pg_numkeys(p), upper = pg_upper(p);
+    int branch = (pg_flags(p) & P_BRANCH) != 0;
+    uint64_t total = 0;
+    unsigned long long pg = (unsigned long long)pgno;
+    if (pg_flags(p) & P_LEAF2)
+        return;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned off = ld16(p + PAGEHDRSZ + 2 * i);
+        const uint8_t *nd = p + off;
+        uint64_t sz = NODEHDRSZ + (uint64_t)nd_ksize(nd);
+        if (!branch)
+            sz += (nd_flags(nd) & F_BIGDATA) ? 8 : nd_dsize(nd);
+        if (off < upper) {
+            problem(v, pgno, "page %llu (%s%s): node %u starts at %u, in the "
+                    "free space below mp_upper %u", pg, t->name, where, i,
+                    off, upper);
+            return;
+        }
+        total += (sz + 1) & ~(uint64_t)1;
+    }
+    if (total != size - upper)
+        problem(v, pgno, "page %llu (%s%s): its %u nodes take %llu bytes, the "
+                "node area from mp_upper %u to the end holds %u", pg, t->name,
+                where, n, (unsigned long long)total, upper, size - upper);
 }
 
 static void leaf_nodes(vstate *v, vtree *t, const uint8_t *p, uint64_t pgno,
@@ -601,9 +694,9 @@ static void leaf_nodes(vstate *v, vtree *t, const uint8_t *p, uint64_t pgno,
                     continue;
                 }
                 walk_tree(v, &sub, slot + 1);
-                /* liblmdb counts a sub-tree's pages in its parent too */
-                t->branch += sub.branch;
-                t->leaf += sub.leaf;
+                /* for the parent's record (check_counts) */
+                t->sub_branch += sub.branch;
+                t->sub_leaf += sub.leaf;
                 t->overflow += sub.overflow;
                 continue;
             } else {
@@ -617,6 +710,7 @@ static void leaf_nodes(vstate *v, vtree *t, const uint8_t *p, uint64_t pgno,
                     continue;
                 }
                 t->entries += pg_numkeys(sp);
+                check_layout(v, t, sp, dsize, pgno, ", a sub-page");
                 if (((pg_flags(sp) & P_LEAF2) != 0) != fixed) {
                     problem(v, pgno, "page %llu (%s): node %u's sub-page %s "
                             "LEAF2", pg, t->name, i, fixed ? "is not" : "is");
@@ -694,6 +788,7 @@ static void walk(vstate *v, vtree *t, uint64_t pgno, unsigned level,
         return;
     }
     n = pg_numkeys(p);
+    check_layout(v, t, p, v->psize, pgno, "");
     if (pg_flags(p) & P_LEAF2) {
         pad = t->db.pad;
         if (pad == 0 || pad > LIO_MAX_KEY_SIZE ||
@@ -766,6 +861,49 @@ static void walk_named(vstate *v, named_db *nd, unsigned which)
     walk_tree(v, &t, 0);
 }
 
+/* The other meta page: the snapshot before this one.  Its trees may have
+ * been overwritten since, but its own fields must still be sane: a valid
+ * main DB record, roots within its last page, which is no later than the
+ * current one's (liblmdb only grows mm_last_pg).  A meta page newer than
+ * the snapshot is a live writer's commit: not checked. */
+static void check_other_meta(vstate *v, uint64_t meta_pg)
+{
+    lio_meta metas[2];
+    lio_error e;
+    unsigned o = (unsigned)(meta_pg ^ 1);
+    const lio_meta *m;
+    int rc = lio_env_read_metas(v->env, metas, &e);
+    if (rc) {
+        problem(v, o, "%s", e.msg);
+        return;
+    }
+    m = &metas[o];
+    if (m->txnid > v->snap->txnid)
+        return;  /* a writer committed since the snapshot was taken */
+    if (m->last_pg > v->snap->last_pg) {
+        problem(v, o, "meta page %u (txn %llu) has last page %llu, past the "
+                "current snapshot's %llu (txn %llu)", o,
+                (unsigned long long)m->txnid, (unsigned long long)m->last_pg,
+                (unsigned long long)v->snap->last_pg,
+                (unsigned long long)v->snap->txnid);
+        return;
+    }
+    if (lio_check_dbrec(&m->main_db, o, &e)) {
+        problem(v, o, "%s (the main DB record of meta page %u)", e.msg, o);
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        const lio_dbrec *db = i ? &m->main_db : &m->free_db;
+        if (db->root != LIO_EMPTY_ROOT &&
+            (db->root < 2 || db->root > m->last_pg || db->depth == 0 ||
+             db->depth > LIO_MAX_DEPTH))
+            problem(v, o, "meta page %u: the %s DB's root %llu (depth %u) "
+                    "lies outside its snapshot (last page %llu)", o,
+                    i ? "main" : "free", (unsigned long long)db->root,
+                    db->depth, (unsigned long long)m->last_pg);
+    }
+}
+
 int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
                lio_verify_stats *st, lio_error *err)
 {
@@ -819,6 +957,7 @@ int lio_verify(lio_env *env, const lio_meta *snap, const lio_verify_opts *o,
         /* The snapshot's own record says nothing is past last_pg. */
         if (snap->last_pg + 1 > v.file_pages)
             st->pages_past_eof = snap->last_pg + 1 - v.file_pages;
+        check_other_meta(&v, meta_pg);
         init_tree(&t, T_FREE, "free DB", &snap->free_db, meta_pg);
         walk_tree(&v, &t, 0);
         init_tree(&t, T_MAIN, "main DB", &snap->main_db, meta_pg);

@@ -52,7 +52,8 @@ def _isolated_cache(tmp_path, monkeypatch):
 def backend(request, monkeypatch):
     if request.param is None:
         pytest.skip("neither OpenCV nor Pillow is installed")
-    monkeypatch.setattr(ld, "_BACKEND", request.param)
+    from lmdbio import _images
+    monkeypatch.setattr(_images, "_BACKEND", request.param)
     return request.param
 
 
@@ -260,10 +261,6 @@ MALFORMED = {
     "varint longer than 10 bytes": b"\x28" + b"\xff" * 10 + b"\x01",
     "length past the end": b"\x08\x01\x10\x02\x18\x02\x22\x05abcd",
     "huge length": b"\x22\xff\xff\xff\xff\xff\xff\xff\xff\x7f",
-    "channels as bytes": b"\x0a\x01\x01",
-    "data as varint": b"\x20\x01",
-    "label as fixed32": b"\x2d\x01\x00\x00\x00",
-    "float_data as varint": b"\x30\x01",
     "invalid wire type 6": b"\x0e",
     "invalid wire type 7": b"\x4f",
     "field number 0": b"\x00\x01",
@@ -304,7 +301,7 @@ def test_malformed_messages_say_what():
         return str(ei.value)
     assert "truncated varint" in msg(b"\x08\x83")
     assert "past the end" in msg(b"\x22\x05abcd")
-    assert "wire type" in msg(b"\x0a\x01\x01")
+    assert "wire type 6" in msg(b"\x0e")
     assert "data has 3 bytes, 1x2x2 needs 4" in msg(b"\x08\x01\x10\x02\x18\x02\x22\x03abc")
     assert "overflows" in msg(MALFORMED["overflowing size"])
     assert "negative" in msg(MALFORMED["negative channels"])
@@ -378,6 +375,14 @@ def test_force_flags_exclusive():
 
 # ---------------------------------------------------------------------------
 # encode
+
+
+def test_encode_file_is_what_protobuf_writes():
+    for label in (None, 0, -3, 7):
+        raw = ld.encode_file(b"\x89PNG fake bytes", label)
+        kw = {} if label is None else {"label": label}
+        assert raw == Datum(data=b"\x89PNG fake bytes", encoded=True,
+                            **kw).SerializeToString()
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 5), (1, 28, 28), (1, 1, 1), (3, 0, 2)])
@@ -510,10 +515,11 @@ def test_jpeg_decoders_agree_within_tolerance():
     a = np.stack([x * 6, y * 6, (x + y) * 3]).astype(np.uint8)
     raw = ld.encode(a, 0, encoded="jpg")
     got = {}
+    from lmdbio import _images
     for b in BACKENDS:
-        ld._BACKEND = b
+        _images._BACKEND = b
         got[b] = ld.decode([raw])[0].astype(int)
-    ld._BACKEND = None
+    _images._BACKEND = None
     assert np.abs(got["cv2"] - got["pil"]).max() <= 4
 
 
@@ -876,3 +882,218 @@ def test_readme_datum_example_runs_as_written(tmp_path):
     r = subprocess.run([sys.executable, "-c", m.group(1)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------
+# differential fuzzing against protobuf: wire-type mismatches, repeated
+# fields, unknown fields, truncations
+
+def _pb_varint(n):
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_field(draw, field, wt):
+    """One field of wire type wt with a payload of that type."""
+    tag = _pb_varint(field << 3 | wt)
+    if wt == 0:
+        return tag + _pb_varint(draw(st.sampled_from(
+            [0, 1, 2, 3, 7, 255, 2 ** 31 - 1, -1, -2 ** 31, 2 ** 40])))
+    if wt == 1:
+        return tag + draw(st.binary(min_size=8, max_size=8))
+    if wt == 5:
+        return tag + draw(st.binary(min_size=4, max_size=4))
+    if wt == 2:
+        n = draw(st.sampled_from([0, 1, 3, 4, 8, 12]))
+        return tag + _pb_varint(n) + draw(st.binary(min_size=n, max_size=n))
+    # a group holding one varint field, closed by its own end tag
+    inner = _pb_varint(1 << 3) + _pb_varint(draw(st.integers(0, 300)))
+    return tag + inner + _pb_varint(field << 3 | 4)
+
+
+@st.composite
+def fuzzed_datum(draw):
+    """(bytes, has_group): a consistent Datum with extra fields inserted
+    anywhere (known numbers with any wire type, repeats, unknown numbers),
+    sometimes truncated or with a byte changed."""
+    c, h, w = (draw(st.integers(0, 3)) for _ in range(3))
+    floats = draw(st.booleans())
+    # one part per field, each serialized by protobuf, in a drawn order
+    parts = [Datum(channels=c).SerializeToString(),
+             Datum(height=h).SerializeToString(),
+             Datum(width=w).SerializeToString(),
+             Datum(label=draw(st.integers(-3, 3))).SerializeToString()]
+    if floats:
+        parts += [Datum(float_data=[float(i) - 2.5]).SerializeToString()
+                  for i in range(c * h * w)]
+    else:
+        parts.append(Datum(data=bytes(range(c * h * w))).SerializeToString())
+    parts = draw(st.permutations(parts))
+    has_group = False
+    for _ in range(draw(st.integers(0, 4))):
+        field = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 2047]))
+        wt = draw(st.sampled_from([0, 1, 2, 5, 3] if draw(st.booleans())
+                                  else [0, 1, 2, 5]))
+        has_group |= wt == 3
+        parts.insert(draw(st.integers(0, len(parts))), _pb_field(draw, field, wt))
+    raw = bytearray(b"".join(parts))
+    if raw and draw(st.integers(0, 3)) == 0:
+        raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+    if draw(st.integers(0, 3)) == 0:
+        raw = raw[:draw(st.integers(0, len(raw)))]
+    return bytes(raw), has_group
+
+
+def caffe_view(m):
+    """What a Datum decoder returns for protobuf Datum m (raw or float_data
+    only), or None where the sizes disagree with the content."""
+    if m.encoded:
+        return None  # not an image: must be refused
+    c, h, w = m.channels, m.height, m.width
+    if min(c, h, w) < 0:
+        return None
+    if m.data:
+        if len(m.data) != c * h * w:
+            return None
+        return np.frombuffer(m.data, np.uint8).reshape(c, h, w)
+    if len(m.float_data):
+        if len(m.float_data) != c * h * w:
+            return None
+        return np.array(m.float_data, np.float32).reshape(c, h, w)
+    if c * h * w:
+        return None
+    return np.zeros((c, h, w), np.uint8)
+
+
+@given(fuzzed_datum())
+@settings(max_examples=3000, deadline=None)
+def test_differential_against_protobuf(case):
+    """lmdbio decodes exactly what protobuf parses into a consistent Datum
+    and refuses the rest.  Groups are the documented exception: there
+    lmdbio may refuse what protobuf skips, but never decode differently."""
+    raw, has_group = case
+    try:
+        ref = parse_datum(raw)
+    except Exception:
+        ref = None
+    want = None if ref is None else caffe_view(ref)
+    try:
+        arr, lab = ld.decode_one(raw)
+    except lmdbio.DatumError:
+        assert want is None or has_group, (
+            "lmdbio refused %r, protobuf reads it as %r" % (raw, ref))
+        return
+    assert want is not None, "lmdbio decoded %r, protobuf: %r" % (raw, ref)
+    assert lab == ref.label
+    assert arr.dtype == want.dtype and np.array_equal(arr, want)
+    # the batch decoder agrees with the one-record decoder
+    batch, labels = ld.decode([raw, raw])
+    assert np.array_equal(batch[1], want) and list(labels) == [lab, lab]
+
+
+@pytest.mark.parametrize("extra", [
+    b"\x25\x01\x02\x03\x04",            # data (4) as fixed32
+    b"\x20\x05",                        # data as varint
+    b"\x0a\x01\x07",                    # channels (1) as bytes
+    b"\x2d\x01\x00\x00\x00",            # label (5) as fixed32
+    b"\x30\x01",                        # float_data (6) as varint
+    b"\x39" + b"\x00" * 8,              # encoded (7) as fixed64
+    b"\x23\x08\x01\x24",                # data (4) as a group
+])
+def test_known_field_with_another_wire_type_is_an_unknown_field(extra):
+    for raw in (GOOD + extra, extra + GOOD):
+        ref = parse_datum(raw)
+        arr, lab = ld.decode_one(raw)
+        assert lab == ref.label == 3
+        assert np.array_equal(arr, pixels(ref))
+        assert np.array_equal(arr, np.frombuffer(b"abcd", np.uint8).reshape(1, 2, 2))
+
+
+# ---------------------------------------------------------------------------
+# colour order: color="rgb" is the channel reversal of the BGR Caffe stores
+
+def _rgb_of(bgr):
+    """The reference: B, G, R(, A) -> R, G, B(, A) along the channel axis."""
+    order = [2, 1, 0, 3][:bgr.shape[-3]] if bgr.shape[-3] in (3, 4) else [0]
+    return np.take(bgr, order, axis=-3)
+
+
+@pytest.mark.parametrize("floats", [False, True])
+@pytest.mark.parametrize("c", [1, 3, 4])
+def test_rgb_is_the_channel_reversal_of_bgr(c, floats):
+    msgs = [pb((c, 5, 6), label=i, seed=i, floats=floats) for i in range(7)]
+    raws = [m.SerializeToString() for m in msgs]
+    bgr, lab = ld.decode(raws)
+    rgb, lab2 = ld.decode(raws, color="rgb")
+    assert np.array_equal(lab, lab2)
+    assert rgb.dtype == bgr.dtype and np.array_equal(rgb, _rgb_of(bgr))
+    if c == 3:
+        assert np.array_equal(rgb, bgr[:, ::-1])
+    assert np.array_equal(ld.decode(raws, color="bgr")[0], bgr)
+    out = np.empty_like(bgr)
+    assert ld.decode(raws, color="rgb", out=out)[0] is out
+    assert np.array_equal(out, rgb)
+    for i, raw in enumerate(raws):
+        one_bgr, _ = ld.decode_one(raw)
+        one_rgb, label = ld.decode_one(raw, color="rgb")
+        assert label == i and np.array_equal(one_rgb, _rgb_of(one_bgr))
+        assert np.array_equal(one_rgb, rgb[i])
+
+
+def test_rgb_of_encoded_images(backend):
+    rng = np.random.default_rng(2)
+    imgs = rng.integers(0, 256, (4, 3, 9, 7), dtype=np.uint8)
+    raws = [ld.encode(im, 1, encoded="png") for im in imgs]
+    bgr, _ = ld.decode(raws)
+    assert np.array_equal(bgr, imgs)  # png is lossless
+    rgb, _ = ld.decode(raws, color="rgb")
+    assert np.array_equal(rgb, imgs[:, ::-1])
+    assert np.array_equal(ld.decode_one(raws[2], color="rgb")[0], imgs[2, ::-1])
+
+
+def test_color_is_checked():
+    for bad in ("RGB", "bgra", None, 1):
+        with pytest.raises(ValueError, match="color"):
+            ld.decode([GOOD], color=bad)
+        with pytest.raises(ValueError, match="color"):
+            ld.decode_one(GOOD, color=bad)
+    two = pb((2, 3, 3)).SerializeToString()
+    with pytest.raises(ValueError, match="channels"):
+        ld.decode([two], color="rgb")
+    assert ld.decode([two])[0].shape == (1, 2, 3, 3)
+
+
+def test_datum_reader_rgb(cifar_like):
+    path, imgs, labels = cifar_like
+    with lmdbio.DatumReader(path, batch_size=100, color="rgb") as r:
+        got = np.concatenate([d for d, _ in r])
+    assert np.array_equal(got, imgs[:, ::-1])
+    with pytest.raises(ValueError, match="color"):
+        lmdbio.DatumReader(path, color="hsv")
+
+
+def test_torch_datasets_rgb(cifar_like):
+    try:
+        import lmdbio.torch as lt
+    except ImportError:
+        if require_lmdbio():
+            raise
+        pytest.skip("PyTorch is not installed")
+    path, imgs, labels = cifar_like
+    ds = lt.LMDBDataset(path, decode=ld.decode_one, color="rgb")
+    arr, label = ds[7]
+    assert np.array_equal(arr, imgs[7, ::-1]) and label == labels[7]
+    it = lt.LMDBIterableDataset(path, batch_size=50, decode=ld.decode,
+                                color="rgb")
+    got = np.concatenate([d for d, _ in it])
+    assert np.array_equal(got, imgs[:, ::-1])
+    with pytest.raises(ValueError, match="decode"):
+        lt.LMDBDataset(path, color="rgb")

@@ -428,3 +428,85 @@ def test_same_process_pylmdb_closes_first(lmdbio_mod, envdir):
         assert txn.get(key(1)) == value(1, 1)
     env.close()
     assert other_process_view(lp, os.getpid()) == (True, False)
+
+
+# ---------------------------------------------------------------------------
+# one lock registry per process: a Reader, a drop-in Environment and py-lmdb
+# on one path, closed in every order
+
+SEEN_BY_WRITER = """
+import sys, lmdb
+from test_lock import key, value, NKEYS
+path, pid, gen0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+want = sorted(sys.argv[4].split(",")) if sys.argv[4] else []
+env = lmdb.open(path, map_size=64 << 20)
+assert env.reader_check() == 0, env.readers()   # no slot of ours looks dead
+rows = [l.split() for l in env.readers().splitlines()[1:]]
+mine = sorted(r[2] for r in rows if r[0] == pid)
+for t in want:                                   # every live reader is there
+    assert t in mine, (want, env.readers())
+for g in range(gen0, gen0 + 3):                  # and pins its snapshot
+    with env.begin(write=True) as txn:
+        for i in range(NKEYS):
+            if (i + g) % 3 == 0:
+                txn.delete(key(i))
+            else:
+                txn.put(key(i), value(i, g))
+env.close()
+"""
+
+
+@pytest.mark.parametrize("order", ["REP", "RPE", "ERP", "EPR", "PRE", "PER"])
+def test_one_lock_registry_per_process(lmdbio_mod, envdir, order):
+    """R (Reader, lock=True), E (drop-in Environment, lock=True) and P
+    (py-lmdb) on one path in this process; after each close a writer in
+    another process still sees every live lmdbio reader (reader_check clears
+    none of them) and cannot overwrite what they read.  liblmdb's close
+    (P) clears the slots of this process it knows of (its known behaviour):
+    E takes a new one at its next transaction; R's snapshot is checked while
+    P is open."""
+    lp = lock_file(envdir)
+    pid = os.getpid()
+    snap = [(key(i), value(i, 1)) for i in range(NKEYS)]
+
+    def read_reader(r):
+        items = []
+        for b in r:
+            items += zip(b.keys.tolist(), b.values.tolist())
+        return items
+
+    reader = lmdbio_mod.Reader(str(envdir), lock=True, batch_size=64,
+                               index_cache=False)
+    env = lmdbio_mod.open(str(envdir), readonly=True, lock=True)
+    txn = env.begin()
+    penv = lmdb.open(str(envdir), readonly=True)
+    ptxn = penv.begin()
+    assert read_reader(reader) == sorted(snap)
+    open_ = set("REP")
+    gen = 100
+    for step, who in enumerate(order):
+        if who == "R":
+            reader.close()
+        elif who == "E":
+            txn.abort()
+            env.close()
+        else:
+            ptxn.abort()
+            penv.close()
+        open_.discard(who)
+        want = []
+        if "E" in open_:
+            txn.abort()
+            txn = env.begin()           # a fresh slot (see the docstring)
+            want.append(str(txn.id()))
+            before = list(txn.cursor())
+        if "R" in open_ and "P" in open_:
+            want.append("2")            # the Reader's pinned snapshot
+        run_py(SEEN_BY_WRITER, envdir, pid, gen, ",".join(want))
+        gen += 10
+        if "E" in open_:
+            assert list(txn.cursor()) == before
+        if "R" in open_ and "P" in open_:
+            assert read_reader(reader) == sorted(snap)
+    # everything closed: no lock of this process is left on the file
+    assert other_process_view(lp, pid) == (True, False)

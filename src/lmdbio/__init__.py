@@ -59,8 +59,8 @@ def __getattr__(name):
 
 
 __all__ = [
-    'Environment', 'Transaction', 'Cursor', '_Database', 'open', 'version',
-    'enable_drop_gil',
+    'Environment', 'Transaction', 'Cursor', 'open', 'version',
+    'enable_drop_gil', 'Reader', 'Batch', 'Ragged', 'DatumReader',
     'Error', 'KeyExistsError', 'NotFoundError', 'PageNotFoundError',
     'CorruptedError', 'PanicError', 'VersionMismatchError', 'InvalidError',
     'MapFullError', 'DbsFullError', 'ReadersFullError', 'TlsFullError',

@@ -1,4 +1,5 @@
-# Declarations of the C core (csrc/lmdbio.h, csrc/lockfile.h) for Cython.
+# Declarations of the C core (csrc/lmdbio.h, lockfile.h, datum.h) for every
+# Cython module: the one place the C API is declared.
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 
@@ -122,9 +123,17 @@ cdef extern from "lmdbio.h" nogil:
     void lio_posix_close(lio_posix *p)
     int lio_fault_injection(uint64_t *injected)
 
+    # copies (csrc/copy.c)
+    ctypedef int (*lio_write_fn)(void *ctx, const void *buf, size_t len) noexcept nogil
+    void lio_meta_write(uint8_t *page, unsigned pgno, const lio_meta *m)
+    int lio_compact_copy(lio_env *env, const lio_meta *snap, uint64_t mapsize,
+                         int nosubdir, lio_write_fn write, void *ctx,
+                         lio_error *err) nogil
+
     # structural verification (csrc/verify.c)
     ctypedef struct lio_verify_opts:
         void (*report)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
+        void (*note)(void *ctx, uint64_t pgno, const char *msg) noexcept nogil
         int (*progress)(void *ctx, uint64_t pages_done, uint64_t pages_total) noexcept nogil
         void *ctx
         uint64_t progress_every
@@ -133,6 +142,7 @@ cdef extern from "lmdbio.h" nogil:
         size_t db_name_len
     ctypedef struct lio_verify_stats:
         uint64_t problems
+        uint64_t notes
         uint64_t pages_read
         uint64_t trees
         uint64_t named_dbs
@@ -226,3 +236,74 @@ cdef extern from "lmdbio.h" nogil:
     void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
                             int drop)
     void lio_bulk_new_pass(lio_bulk *b)
+
+
+cdef extern from "lockfile.h" nogil:
+    ctypedef struct lio_lock:
+        pass
+    ctypedef struct lio_reader:
+        pass
+    ctypedef int (*lio_txnid_fn)(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogil
+    size_t lio_lock_path(char *buf, size_t cap, const char *env_path,
+                         int subdir)
+    int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
+                      unsigned max_readers, lio_txnid_fn newest_txnid,
+                      void *ctx, lio_error *err)
+    void lio_lock_close(lio_lock *lk)
+    int lio_lock_reader_begin(lio_lock *lk, lio_reader **slot,
+                              uint64_t *txnid, lio_error *err)
+    int lio_lock_reader_refresh(lio_lock *lk, lio_reader *slot,
+                                uint64_t *txnid, lio_error *err)
+    void lio_lock_reader_reset(lio_lock *lk, lio_reader *slot)
+    void lio_lock_reader_end(lio_lock *lk, lio_reader *slot)
+    unsigned lio_lock_max_readers(const lio_lock *lk)
+    unsigned lio_lock_num_readers(const lio_lock *lk)
+    int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
+    size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
+
+
+cdef extern from "datum.h" nogil:
+    int LIO_DATUM_UINT8, LIO_DATUM_FLOAT, LIO_DATUM_ENCODED
+    int LIO_DATUM_OK, LIO_DATUM_EMALFORMED, LIO_DATUM_EMISMATCH
+    int LIO_BLOB_MAX_DIMS
+
+    ctypedef struct lio_datum:
+        int64_t channels, height, width
+        int64_t label
+        int has_label
+        int encoded
+        int kind
+        uint64_t data_off, data_len
+        uint64_t nfloat
+
+    ctypedef struct lio_datum_error:
+        int64_t index
+        uint64_t offset
+        char msg[200]
+
+    ctypedef struct lio_blob:
+        int64_t num, channels, height, width
+        int has_legacy
+        int ndim
+        int has_shape
+        int64_t dim[32]
+        uint64_t ndata
+        uint64_t ndouble
+
+    int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
+                        lio_datum_error *err)
+    void lio_datum_floats(const uint8_t *buf, size_t len, float *out)
+    int lio_datum_decode_batch(const uint8_t *data, const int64_t *offsets,
+                               size_t n, int kind, int64_t c, int64_t h,
+                               int64_t w, void *out, int64_t *labels,
+                               int64_t *data_off, int64_t *data_len,
+                               unsigned nthreads, lio_datum_error *err)
+    int lio_blob_parse(const uint8_t *buf, size_t len, lio_blob *b,
+                       lio_datum_error *err)
+    void lio_blob_values(const uint8_t *buf, size_t len, int use_double,
+                         float *out)
+    int lio_transform(const void *src, int src_float, size_t n, int64_t C,
+                      int64_t H, int64_t W, int64_t crop,
+                      const int64_t *h_off, const int64_t *w_off,
+                      const uint8_t *mirror, const float *mean,
+                      const float *mean_values, float scale, float *out)

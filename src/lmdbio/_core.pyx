@@ -75,28 +75,6 @@ cdef extern from "<unistd.h>" nogil:
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
-cdef extern from "lockfile.h" nogil:
-    ctypedef struct lio_lock:
-        pass
-    ctypedef struct lio_reader:
-        pass
-    ctypedef int (*lio_txnid_fn)(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogil
-    size_t lio_lock_path(char *buf, size_t cap, const char *env_path,
-                         int subdir)
-    int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
-                      unsigned max_readers, lio_txnid_fn newest_txnid,
-                      void *ctx, lio_error *err)
-    void lio_lock_close(lio_lock *lk)
-    int lio_lock_reader_begin(lio_lock *lk, lio_reader **slot,
-                              uint64_t *txnid, lio_error *err)
-    int lio_lock_reader_refresh(lio_lock *lk, lio_reader *slot,
-                                uint64_t *txnid, lio_error *err)
-    void lio_lock_reader_reset(lio_lock *lk, lio_reader *slot)
-    void lio_lock_reader_end(lio_lock *lk, lio_reader *slot)
-    unsigned lio_lock_max_readers(const lio_lock *lk)
-    unsigned lio_lock_num_readers(const lio_lock *lk)
-    int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
-    size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
 
 
 cdef int _newest_txnid(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogil:
@@ -117,12 +95,12 @@ cdef int _newest_txnid(void *ctx, uint64_t *txnid, lio_error *err) noexcept nogi
 cdef enum:
     _SNAPSHOT_RETRIES = 1000
 
-# liblmdb return codes py-lmdb reports (errors.py has them all).
-cdef int MDB_NOTFOUND = -30798
-cdef int MDB_INCOMPATIBLE = -30784
-cdef int MDB_BAD_VALSIZE = -30781
-cdef int MDB_DBS_FULL = -30791
-cdef int MDB_CORRUPTED = -30796
+# liblmdb return codes py-lmdb reports: from lmdbio.errors, their one table.
+cdef int MDB_NOTFOUND = _errors.MDB_NOTFOUND
+cdef int MDB_INCOMPATIBLE = _errors.MDB_INCOMPATIBLE
+cdef int MDB_BAD_VALSIZE = _errors.MDB_BAD_VALSIZE
+cdef int MDB_DBS_FULL = _errors.MDB_DBS_FULL
+cdef int MDB_CORRUPTED = _errors.MDB_CORRUPTED
 cdef int EACCES_ = 13
 cdef int EINVAL_ = 22
 
@@ -866,7 +844,10 @@ cdef class Environment:
         """Check every structural invariant of the newest snapshot (or only
         the named database `name`): ``(problems, stats)``, problems a list of
         ``(pgno or None, message)``.  ``progress(done, total)`` is called every
-        `progress_every` pages read.  Used by ``lmdbio verify``."""
+        `progress_every` pages read.  ``stats['notes']`` lists, in the same
+        form, what a healthy file may show but a reader should know (page
+        counts that some liblmdb versions keep inexactly).  Used by
+        ``lmdbio verify``."""
         cdef Transaction t
         cdef _VerifyCtx vc = _VerifyCtx()
         cdef lio_verify_opts o
@@ -877,8 +858,10 @@ cdef class Environment:
         self._check()
         memset(&o, 0, sizeof(o))
         vc.problems = []
+        vc.notes = []
         vc.progress = progress
         o.report = _verify_report
+        o.note = _verify_note
         if progress is not None:
             o.progress = _verify_progress
         o.ctx = <void *>vc
@@ -901,8 +884,8 @@ cdef class Environment:
         if rc:
             raise _core_error('verify', rc, &err, self._dpath)
         return vc.problems, {
-            'problems': st.problems, 'pages_read': st.pages_read,
-            'trees': st.trees, 'named_dbs': st.named_dbs,
+            'problems': st.problems, 'notes': vc.notes,
+            'pages_read': st.pages_read, 'trees': st.trees, 'named_dbs': st.named_dbs,
             'free_pages': st.free_pages, 'pages_past_eof': st.pages_past_eof,
             'last_pg': t.snap.last_pg, 'txnid': t.snap.txnid,
             'psize': t.snap.psize}
@@ -1085,12 +1068,7 @@ cdef class Environment:
         raw = bytearray(self._read_range((m.txnid & 1) * psize, psize, what='copy'))
         if len(raw) < psize:
             raw.extend(bytes(psize - len(raw)))
-        _struct.pack_into('<QHH', raw, 0, pgno, 0, 0x08)
-        _struct.pack_into('<II', raw, 16, 0xBEEFC0DE, 1)
-        _struct.pack_into('<Q', raw, 32, m.mapsize)
-        _pack_dbrec(raw, 40, &m.free_db)
-        _pack_dbrec(raw, 88, &m.main_db)
-        _struct.pack_into('<QQ', raw, 136, m.last_pg, m.txnid)
+        lio_meta_write(<uint8_t *><char *>raw, pgno, m)
         return bytes(raw)
 
     cdef bytes _read_range(self, uint64_t off, size_t length, what='read'):
@@ -1172,12 +1150,6 @@ cdef class Environment:
             free(buf)
 
 
-cdef _pack_dbrec(raw, int off, const lio_dbrec *r):
-    _struct.pack_into('<IHHQQQQQ', raw, off, r.pad, r.flags, r.depth,
-                      r.branch_pages, r.leaf_pages, r.overflow_pages,
-                      r.entries, r.root)
-
-
 def _write_all(int fd, data, what):
     mv = memoryview(data)
     while len(mv):
@@ -1192,6 +1164,7 @@ def _write_all(int fd, data, what):
 
 cdef class _VerifyCtx:
     cdef list problems
+    cdef list notes
     cdef object progress
     cdef object exc
 
@@ -1199,6 +1172,13 @@ cdef class _VerifyCtx:
 cdef void _verify_report(void *ctx, uint64_t pgno, const char *msg) noexcept nogil:
     with gil:
         (<_VerifyCtx>ctx).problems.append(
+            (None if pgno == LIO_EMPTY_ROOT else pgno,
+             (<bytes>msg).decode('utf-8', 'replace')))
+
+
+cdef void _verify_note(void *ctx, uint64_t pgno, const char *msg) noexcept nogil:
+    with gil:
+        (<_VerifyCtx>ctx).notes.append(
             (None if pgno == LIO_EMPTY_ROOT else pgno,
              (<bytes>msg).decode('utf-8', 'replace')))
 
@@ -1513,7 +1493,7 @@ cdef class Transaction:
         cdef const char *cname
         cdef Py_ssize_t n
         if db.env_id != <size_t><void *>self.env:
-            raise _make_error(what, -30780)   # MDB_BAD_DBI
+            raise _make_error(what, _errors.MDB_BAD_DBI)
         self._visible(db, what)
         if db.kind == DB_MAIN:
             out[0] = self.snap.main_db
@@ -2189,293 +2169,41 @@ def enable_drop_gil():
 
 
 # ---------------------------------------------------------------------------
-# Compacting copy
+# Compacting copy (csrc/copy.c)
 # ---------------------------------------------------------------------------
 
-cdef uint64_t _P_INVALID = 0xFFFFFFFFFFFFFFFF
-
-
-cdef inline uint16_t _ld16(const uint8_t *p) noexcept nogil:
-    cdef uint16_t v
-    memcpy(&v, p, 2)
-    return v
-
-
-cdef inline uint32_t _ld32(const uint8_t *p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
-cdef inline uint64_t _ld64(const uint8_t *p) noexcept nogil:
-    cdef uint64_t v
-    memcpy(&v, p, 8)
-    return v
-
-
-cdef inline void _st64(uint8_t *p, uint64_t v) noexcept nogil:
-    memcpy(p, &v, 8)
-
-
-cdef enum:
-    _MDB_WBUF = 1024 * 1024
-
-
-cdef class _Compactor:
-    """mdb_env_copy with MDB_CP_COMPACT: walk every tree of the snapshot
-    (main DB, named DBs, duplicate sub-DBs, overflow runs) and write its pages
-    renumbered from 2 in post-order (children before parents, so the main
-    DB's root is the last page), leaving out the free-page DB and free
-    pages.  Page numbers read from the file are checked before use.
-
-    The output goes through two 1 MiB buffers used as liblmdb's copy thread
-    uses them (a tree page copies only its used parts into the buffer, a
-    multi-page overflow run switches buffers), so the file is byte for byte
-    what ``mdb_copy -c`` writes, unused page bytes included."""
-    cdef Environment env
-    cdef Transaction txn
-    cdef int fd
-    cdef str what
-    cdef uint32_t psize
-    cdef uint64_t last_pg
-    cdef uint64_t next_pgno
-    cdef bytearray buf0, buf1
-    cdef int t
-    cdef size_t wlen[2]
-    cdef set seen
-
-    def __init__(self, Environment env, Transaction txn, int fd, what):
-        self.env = env
-        self.txn = txn
-        self.fd = fd
-        self.what = what
-        self.psize = txn.snap.psize
-        self.last_pg = txn.snap.last_pg
-        self.next_pgno = 2
-        self.buf0 = bytearray(_MDB_WBUF)
-        self.buf1 = bytearray(_MDB_WBUF)
-        self.t = 0
-        self.wlen[0] = 0
-        self.wlen[1] = 0
-        self.seen = set()
-
-    cdef _bad(self, uint64_t pgno, msg, int code=-30796):
-        return _make_error('%s: page %d: %s' % (self.env._dpath, pgno, msg),
-                           code)
-
-    cdef bytearray _cur(self):
-        return self.buf1 if self.t else self.buf0
-
-    def put_metas(self, bytes metas):
-        self._cur()[0:len(metas)] = metas
-        self.wlen[self.t] = len(metas)
-
-    cdef _toggle(self, over=None):
-        """mdb_env_cthr_toggle: write out the current buffer (and an
-        overflow run's tail), switch to the other buffer."""
-        cdef bytearray b = self._cur()
-        if self.wlen[self.t]:
-            _write_all(self.fd, memoryview(b)[:self.wlen[self.t]], self.what)
-        if over is not None:
-            _write_all(self.fd, over, self.what)
-        self.t ^= 1
-        self.wlen[self.t] = 0
-
-    def finish(self):
-        self._toggle()
-
-    cdef bytearray _read(self, uint64_t pgno, uint64_t npages):
-        if pgno < 2 or pgno > self.last_pg or npages > self.last_pg - pgno + 1:
-            raise self._bad(pgno, 'page number out of range (last page %d)'
-                            % self.last_pg, -30797)
-        for j in range(npages):
-            if pgno + j in self.seen:
-                raise self._bad(pgno + j, 'page referenced twice')
-            self.seen.add(pgno + j)
-        data = self.env._read_range(pgno * self.psize, npages * self.psize,
-                                    what='compact copy')
-        if <uint64_t>len(data) != npages * self.psize:
-            raise self._bad(pgno, 'past the end of the file', -30797)
-        buf = bytearray(data)
-        if _ld64(<uint8_t *><char *>buf) != pgno:
-            raise self._bad(pgno, 'page header names page %d'
-                            % _ld64(<uint8_t *><char *>buf))
-        return buf
-
-    cdef uint64_t _emit_tree_page(self, bytearray page) except? 0:
-        """Place a branch/leaf page (mdb_page_copy into the buffer)."""
-        cdef uint64_t pgno = self.next_pgno
-        cdef const uint8_t *src = <uint8_t *><char *>page
-        cdef uint8_t *dst
-        cdef unsigned lower, upper, unused, n1, up
-        cdef bytearray b
-        if self.wlen[self.t] >= _MDB_WBUF:
-            self._toggle()
-        b = self._cur()
-        dst = <uint8_t *><char *>b + self.wlen[self.t]
-        lower = _ld16(src + 12)
-        upper = _ld16(src + 14)
-        unused = (upper - lower) & ~7u
-        if unused and not (_ld16(src + 10) & 0x20):
-            n1 = (lower + 7) & ~7u
-            up = upper & ~7u
-            memcpy(dst, src, n1)
-            memcpy(dst + up, src + up, self.psize - up)
-        else:
-            memcpy(dst, src, self.psize - unused)
-        _st64(dst, pgno)
-        self.wlen[self.t] += self.psize
-        self.next_pgno += 1
-        return pgno
-
-    cdef uint64_t _emit_overflow(self, bytearray run,
-                                 uint64_t npages) except? 0:
-        cdef uint64_t pgno = self.next_pgno
-        cdef uint8_t *dst
-        cdef bytearray b
-        if self.wlen[self.t] >= _MDB_WBUF:
-            self._toggle()
-        b = self._cur()
-        dst = <uint8_t *><char *>b + self.wlen[self.t]
-        memcpy(dst, <uint8_t *><char *>run, self.psize)
-        _st64(dst, pgno)
-        self.wlen[self.t] += self.psize
-        self.next_pgno += npages
-        if npages > 1:
-            self._toggle(memoryview(run)[self.psize:])
-        return pgno
-
-    cdef uint64_t tree(self, uint64_t root, bint dup) except? 0:
-        """Copy the tree under page `root` (a duplicate sub-DB if `dup`);
-        return its new root page number (mdb_env_cwalk)."""
-        return self._page(root, dup, 0)
-
-    cdef uint64_t _page(self, uint64_t pgno, bint dup, int depth) except? 0:
-        cdef bytearray buf
-        cdef uint8_t *p
-        cdef uint16_t flags, lower, upper, nflags, ksize
-        cdef unsigned n, i, off
-        cdef uint64_t child, dsize, ov, npages
-        if depth >= LIO_MAX_DEPTH:
-            raise self._bad(pgno, 'tree deeper than %d levels' % LIO_MAX_DEPTH)
-        buf = self._read(pgno, 1)
-        p = <uint8_t *><char *>buf
-        flags = _ld16(p + 10)
-        lower = _ld16(p + 12)
-        upper = _ld16(p + 14)
-        if not (flags & 0x03) or (flags & 0x03) == 0x03 or (
-                (flags & 0x20) and not (flags & 0x02)):
-            raise self._bad(pgno, 'not a branch or leaf page (flags 0x%x)'
-                            % flags)
-        if lower < 16 or lower > upper or upper > self.psize:
-            raise self._bad(pgno, 'bad lower/upper bounds %d/%d'
-                            % (lower, upper))
-        if flags & 0x20:                        # LEAF2: no nodes
-            return self._emit_tree_page(buf)
-        n = (lower - 16) // 2
-        for i in range(n):
-            off = _ld16(p + 16 + 2 * i)
-            if off < upper or off + 8 > self.psize:
-                raise self._bad(pgno, 'node %d at bad offset %d' % (i, off))
-            nflags = _ld16(p + off + 4)
-            ksize = _ld16(p + off + 6)
-            if off + 8 + ksize > self.psize:
-                raise self._bad(pgno, 'node %d key runs past the page' % i)
-            if flags & 0x01:                    # branch: child page number
-                child = (<uint64_t>_ld16(p + off) |
-                         (<uint64_t>_ld16(p + off + 2) << 16) |
-                         (<uint64_t>nflags << 32))
-                child = self._page(child, dup, depth + 1)
-                memcpy(p + off, &child, 6)      # lo, hi, flags: 48 bits
+cdef int _copy_write(void *ctx, const void *buf, size_t length) noexcept nogil:
+    """lio_write_fn over a file descriptor: 0, or the errno of write()."""
+    cdef int fd = (<int *>ctx)[0]
+    cdef ssize_t w
+    cdef size_t done = 0
+    while done < length:
+        w = c_write(fd, <const char *>buf + done, length - done)
+        if w < 0:
+            if errno == EINTR:
                 continue
-            if dup:
-                continue
-            dsize = _ld32(p + off)
-            if nflags & 0x01:                   # F_BIGDATA: overflow run
-                if off + 8 + ksize + 8 > self.psize:
-                    raise self._bad(pgno, 'node %d overflow number runs '
-                                    'past the page' % i)
-                ov = _ld64(p + off + 8 + ksize)
-                head = self.env._read_range(ov * self.psize, 16,
-                                            what='compact copy')
-                if len(head) < 16 or ov < 2 or ov > self.last_pg:
-                    raise self._bad(ov, 'overflow page out of range', -30797)
-                if not (_ld16(<uint8_t *><char *>head + 10) & 0x04):
-                    raise self._bad(ov, 'not an overflow page')
-                npages = _ld32(<uint8_t *><char *>head + 12)
-                if npages == 0 or (16 + dsize + self.psize - 1) // self.psize > npages:
-                    raise self._bad(ov, 'overflow run of %d pages too short '
-                                    'for %d bytes' % (npages, dsize))
-                ov = self._emit_overflow(self._read(ov, npages), npages)
-                _st64(p + off + 8 + ksize, ov)
-            elif nflags & 0x02:                 # F_SUBDATA: an MDB_db
-                if dsize != 48 or off + 8 + ksize + 48 > self.psize:
-                    raise self._bad(pgno, 'node %d: bad sub-database record'
-                                    % i)
-                child = _ld64(p + off + 8 + ksize + 40)
-                if child != _P_INVALID:
-                    child = self.tree(child, (nflags & 0x04) != 0)
-                    _st64(p + off + 8 + ksize + 40, child)
-        return self._emit_tree_page(buf)
+            return errno or EIO
+        done += <size_t>w
+    return 0
 
 
 def _compact_copy(Environment env, Transaction txn, int fd, what):
-    cdef lio_meta *m = &txn.snap
-    cdef const lio_dbrec *r
-    cdef uint32_t psize = m.psize
-    cdef _Compactor cp = _Compactor(env, txn, fd, what)
-    cdef uint64_t root = m.main_db.root
-    cdef uint64_t new_root = _P_INVALID
-    cdef uint64_t freecount = 0
-    # As liblmdb: the new last page (and main root) is the old last page
-    # less the free pages (listed in the free DB, plus the free DB's own).
-    if root != _P_INVALID:
-        cur = txn.cursor(env._free_db())
-        try:
-            for _k, v in cur:
-                if len(v) < 8:
-                    raise _make_error('%s: free-page DB record of %d bytes'
-                                      % (env._dpath, len(v)), -30796)
-                freecount += _struct.unpack_from('<Q', v)[0]
-        finally:
-            cur.close()
-        r = &m.free_db
-        freecount += r.branch_pages + r.leaf_pages + r.overflow_pages
-        if freecount > m.last_pg - 1:
-            raise _make_error('%s: the free-page DB lists %d pages of %d'
-                              % (env._dpath, freecount, m.last_pg + 1),
-                              -30796)
-        new_root = m.last_pg - freecount
-    flags0 = LIO_INTEGERKEY | (MDB_NOSUBDIR if not env._subdir else 0)
-    meta0 = bytearray(psize)
-    _struct.pack_into('<QHH', meta0, 0, 0, 0, 0x08)
-    _struct.pack_into('<IIQQ', meta0, 16, 0xBEEFC0DE, 1, 0, env._mapsize)
-    _struct.pack_into('<IHHQQQQQ', meta0, 40, psize, flags0, 0, 0, 0, 0, 0,
-                      _P_INVALID)
-    _struct.pack_into('<IHHQQQQQ', meta0, 88, 0, 0, 0, 0, 0, 0, 0,
-                      _P_INVALID)
-    _struct.pack_into('<QQ', meta0, 136, 1, 0)
-    meta1 = bytearray(meta0)
-    _struct.pack_into('<Q', meta1, 0, 1)
-    if root != _P_INVALID:
-        r = &m.main_db
-        _struct.pack_into('<IHHQQQQQ', meta1, 88, r.pad, r.flags, r.depth,
-                          r.branch_pages, r.leaf_pages, r.overflow_pages,
-                          r.entries, new_root)
-        _struct.pack_into('<QQ', meta1, 136, new_root, 1)
-    elif m.main_db.flags:
-        _struct.pack_into('<H', meta1, 88 + 4, m.main_db.flags)
-        _struct.pack_into('<Q', meta1, 144, 1)
-    cp.put_metas(bytes(meta0) + bytes(meta1))
-    got = new_root
-    if root != _P_INVALID:
-        got = cp.tree(root, False)
-    cp.finish()
-    if root != _P_INVALID:
-        if got != new_root:
-            # liblmdb: MDB_INCOMPATIBLE, "page leak or corrupt DB"
-            raise _make_error('%s: compact copy: the trees hold %d pages, '
-                              'the free-page DB accounts for %d of %d '
-                              '(page leak or corrupt DB)'
-                              % (env._dpath, got - 1, freecount,
-                                 m.last_pg + 1), MDB_INCOMPATIBLE)
+    """mdb_env_copy with MDB_CP_COMPACT into fd: byte for byte what
+    ``mdb_copy -c`` writes (lio_compact_copy)."""
+    cdef lio_error err
+    cdef int rc
+    cdef int cfd = fd
+    cdef uint64_t mapsize = env._mapsize
+    cdef int nosubdir = not env._subdir
+    with nogil:
+        rc = lio_compact_copy(env._env, &txn.snap, mapsize, nosubdir,
+                              _copy_write, &cfd, &err)
+    if rc == LIO_SYSERR and err.off == <uint64_t>-1:
+        # the write callback failed
+        raise _make_error(what, err.sys_errno or EIO,
+                          sys_errno=err.sys_errno or EIO)
+    if rc == LIO_SYSERR:
+        raise _core_error(what, rc, &err, env._dpath)
+    if rc:
+        raise _make_error('%s: %s' % (env._dpath, (<bytes>err.msg).decode(
+            'utf-8', 'replace')), rc)

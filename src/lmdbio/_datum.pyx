@@ -9,51 +9,7 @@ import numpy as np
 
 from lmdbio.errors import DatumError
 
-cdef extern from "datum.h" nogil:
-    int LIO_DATUM_UINT8, LIO_DATUM_FLOAT, LIO_DATUM_ENCODED
-    int LIO_DATUM_OK, LIO_DATUM_EMALFORMED, LIO_DATUM_EMISMATCH
-    int LIO_BLOB_MAX_DIMS
-
-    ctypedef struct lio_datum:
-        int64_t channels, height, width
-        int64_t label
-        int has_label
-        int encoded
-        int kind
-        uint64_t data_off, data_len
-        uint64_t nfloat
-
-    ctypedef struct lio_datum_error:
-        int64_t index
-        uint64_t offset
-        char msg[200]
-
-    ctypedef struct lio_blob:
-        int64_t num, channels, height, width
-        int has_legacy
-        int ndim
-        int has_shape
-        int64_t dim[32]
-        uint64_t ndata
-        uint64_t ndouble
-
-    int lio_datum_parse(const uint8_t *buf, size_t len, lio_datum *d,
-                        lio_datum_error *err)
-    void lio_datum_floats(const uint8_t *buf, size_t len, float *out)
-    int lio_datum_decode_batch(const uint8_t *data, const int64_t *offsets,
-                               size_t n, int kind, int64_t c, int64_t h,
-                               int64_t w, void *out, int64_t *labels,
-                               int64_t *data_off, int64_t *data_len,
-                               unsigned nthreads, lio_datum_error *err)
-    int lio_blob_parse(const uint8_t *buf, size_t len, lio_blob *b,
-                       lio_datum_error *err)
-    void lio_blob_values(const uint8_t *buf, size_t len, int use_double,
-                         float *out)
-    int lio_transform(const void *src, int src_float, size_t n, int64_t C,
-                      int64_t H, int64_t W, int64_t crop,
-                      const int64_t *h_off, const int64_t *w_off,
-                      const uint8_t *mirror, const float *mean,
-                      const float *mean_values, float scale, float *out)
+from lmdbio._core cimport *   # the C core's declarations (_core.pxd)
 
 UINT8 = LIO_DATUM_UINT8
 FLOAT = LIO_DATUM_FLOAT

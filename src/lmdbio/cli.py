@@ -40,31 +40,24 @@ __all__ = ["main", "MDB_VERSION_STRING"]
 # is that of lmdb-utils 0.9.24 (Debian's).
 MDB_VERSION_STRING = "LMDB 0.9.24: (July 24, 2019)"
 
-# liblmdb error codes and their mdb_strerror() texts.
-_MDB_ERRORS = {
-    "KeyExistsError": (-30799, "MDB_KEYEXIST: Key/data pair already exists"),
-    "NotFoundError": (-30798, "MDB_NOTFOUND: No matching key/data pair found"),
-    "PageNotFoundError": (-30797, "MDB_PAGE_NOTFOUND: Requested page not found"),
-    "CorruptedError": (-30796, "MDB_CORRUPTED: Located page was wrong type"),
-    "PanicError": (-30795, "MDB_PANIC: Update of meta page failed or environment had fatal error"),
-    "VersionMismatchError": (-30794, "MDB_VERSION_MISMATCH: Database environment version mismatch"),
-    "InvalidError": (-30793, "MDB_INVALID: File is not an LMDB file"),
-    "MapFullError": (-30792, "MDB_MAP_FULL: Environment mapsize limit reached"),
-    "DbsFullError": (-30791, "MDB_DBS_FULL: Environment maxdbs limit reached"),
-    "ReadersFullError": (-30790, "MDB_READERS_FULL: Environment maxreaders limit reached"),
-    "TlsFullError": (-30789, "MDB_TLS_FULL: Thread-local storage keys full - too many environments open"),
-    "TxnFullError": (-30788, "MDB_TXN_FULL: Transaction has too many dirty pages - transaction too big"),
-    "CursorFullError": (-30787, "MDB_CURSOR_FULL: Internal error - cursor stack limit reached"),
-    "PageFullError": (-30786, "MDB_PAGE_FULL: Internal error - page has no more space"),
-    "MapResizedError": (-30785, "MDB_MAP_RESIZED: Database contents grew beyond environment mapsize"),
-    "IncompatibleError": (-30784, "MDB_INCOMPATIBLE: Operation and DB incompatible, or DB flags changed"),
-    "BadRslotError": (-30783, "MDB_BAD_RSLOT: Invalid reuse of reader locktable slot"),
-    "BadTxnError": (-30782, "MDB_BAD_TXN: Transaction must abort, has a child, or is invalid"),
-    "BadValsizeError": (-30781, "MDB_BAD_VALSIZE: Unsupported size of key/DB name/data, or wrong DUPFIXED size"),
-    "BadDbiError": (-30780, "MDB_BAD_DBI: The specified DBI handle was closed/changed unexpectedly"),
-}
-_INVALID = _MDB_ERRORS["InvalidError"]
-_VERSION_MISMATCH = _MDB_ERRORS["VersionMismatchError"]
+def _mdb_codes():
+    """{exception class name: (liblmdb code, mdb_strerror text)}, from
+    lmdbio.errors (the one table of them; imported when first needed)."""
+    global _MDB_CODES
+    if _MDB_CODES is None:
+        from lmdbio import errors
+        _MDB_CODES = {cls.__name__: (code, errors.strerror(code))
+                      for code, cls in errors.ERROR_MAP.items()
+                      if errors.MDB_KEYEXIST <= code <= errors.MDB_ENV_ENCRYPTION}
+    return _MDB_CODES
+
+
+_MDB_CODES = None
+
+
+def _mdb(name):
+    """(code, text) of one liblmdb error, by py-lmdb's class name."""
+    return _mdb_codes()[name]
 
 # On-disk constants (lmdb-format.md).
 _P_META = 0x08
@@ -157,9 +150,12 @@ def _error_of(exc):
         return exc.code, exc.text
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno, os.strerror(exc.errno)
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code > 0:  # an errno value (lmdbio.Error)
+        return code, os.strerror(code)
     for cls in type(exc).__mro__:
-        if cls.__name__ in _MDB_ERRORS:
-            code, text = _MDB_ERRORS[cls.__name__]
+        if cls.__name__ in _mdb_codes():
+            code, text = _mdb(cls.__name__)
             if cls.__name__ in _DAMAGE and str(exc):
                 text = str(exc)
             return code, text
@@ -304,13 +300,13 @@ def _read_meta(path, nosubdir):
                     # liblmdb takes an empty file for a new environment and
                     # then fails read-only with EBADF.
                     raise _MdbError(errno.EBADF, os.strerror(errno.EBADF))
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             (flags,) = struct.unpack_from("<H", buf, 10)
             magic, version, address, mapsize = struct.unpack_from("<IIQQ", buf, 16)
             if not flags & _P_META or magic != _MDB_MAGIC:
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             if version != _MDB_DATA_VERSION:
-                raise _MdbError(*_VERSION_MISMATCH)
+                raise _MdbError(*_mdb("VersionMismatchError"))
             psize, free_flags = struct.unpack_from("<IH", buf, 40)
             main_flags, = struct.unpack_from("<H", buf, 92)
             main_entries, = struct.unpack_from("<Q", buf, 120)
@@ -364,16 +360,16 @@ class _LockState:
             rsize = (_DEFAULT_READERS - 1) * _READER_SIZE + _TXNINFO_SIZE
             if not (exclusive and size < rsize):
                 if size < _TXNINFO_SIZE:
-                    raise _MdbError(*_INVALID)
+                    raise _MdbError(*_mdb("InvalidError"))
                 self.maxreaders = (size - _TXNINFO_SIZE) // _READER_SIZE + 1
             if exclusive:
                 return
             self.live = True
             head = os.pread(fd, 64, 0)
             if len(head) < 64 or struct.unpack_from("<I", head, 0)[0] != _MDB_MAGIC:
-                raise _MdbError(*_INVALID)
+                raise _MdbError(*_mdb("InvalidError"))
             if struct.unpack_from("<I", head, 4)[0] != _LOCK_FORMAT:
-                raise _MdbError(*_VERSION_MISMATCH)
+                raise _MdbError(*_mdb("VersionMismatchError"))
             (self.numreaders,) = struct.unpack_from("<I", head, _NUMREADERS_OFFSET)
             count = min(self.numreaders, self.maxreaders)
             table = os.pread(fd, count * _READER_SIZE, _READERS_OFFSET)
@@ -605,13 +601,84 @@ def _open_operand(prog, args, optstring, io, handle, usage, o, backend):
     except Exception as exc:
         if not _is_lmdb_error(exc, backend):
             raise
-        io.error("mdb_env_open failed, error %d %s\n" % _error_of(exc))
+        io.error(_open_failure(prog, path, o["n"], exc))
         return 1
     return env, subname, path
 
 
+def _open_failure(prog, path, nosubdir, exc):
+    """One line for an environment that cannot be opened: the path, what is
+    wrong and the likely fix (never a traceback)."""
+    code, text = _error_of(exc)
+    data = _data_path(path, nosubdir)
+    try:
+        empty = os.path.isfile(data) and os.path.getsize(data) == 0
+    except OSError:
+        empty = False
+    if empty:
+        why = "%s is empty: not an LMDB file" % os.path.basename(data)
+    elif code == errno.ENOENT:
+        if not os.path.lexists(path):
+            why = "no such file or directory"
+        elif not nosubdir:
+            why = ("no data.mdb in this directory: give the directory of an "
+                   "LMDB environment, or -n and a data file")
+        else:
+            why = "no such file"
+    elif code == errno.ENOTDIR or (not nosubdir and os.path.isfile(path)):
+        why = ("a file, not an environment directory: to read a data file "
+               "itself, add -n")
+    elif code == errno.EISDIR or (nosubdir and os.path.isdir(path)):
+        why = "a directory: without -n, give the environment's directory"
+    elif code == errno.EACCES:
+        why = "permission denied reading %s" % data
+    elif code in (_mdb("InvalidError")[0], _mdb("VersionMismatchError")[0]):
+        why = "not an LMDB data file (%s)" % text
+    else:
+        why = "%s (error %d)" % (text, code)
+    return "%s: %s: %s\n" % (prog, path, why)
+
+
+def _wants_help(args):
+    """--help before any "--" (not an mdb_stat/mdb_dump option)."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--help":
+            return True
+    return False
+
+
+_STAT_HELP = """\
+Environment and database status, with the options and output of mdb_stat
+(lmdb-utils 0.9.24), read without mmap.
+
+  -V        print the version of mdb_stat emulated and exit
+  -n        dbpath is the data file itself, not the environment directory
+  -e        environment info (map size, pages, readers)
+  -r, -rr   the reader table (-rr: and its stale slots)
+  -f[f[f]]  free list totals (-ff: per record, -fff: every page)
+  -a        every named database;  -s subdb: only that one
+"""
+
+_DUMP_HELP = """\
+Dump a database in mdb_load's text format, with the options and output of
+mdb_dump (lmdb-utils 0.9.24), read without mmap.
+
+  -V         print the version of mdb_dump emulated and exit
+  -f output  write to this file instead of stdout
+  -l         list the named databases
+  -n         dbpath is the data file itself, not the environment directory
+  -p         printable characters as they are (else hexadecimal)
+  -a         every named database;  -s subdb: only that one
+"""
+
+
 def _cmd_stat(prog, args, io, backend):
     usage = _STAT_USAGE % prog
+    if _wants_help(args):
+        io.write((usage + "\n" + _STAT_HELP).encode())
+        return 0
     if not args:
         io.error(usage)
         return 1
@@ -825,6 +892,9 @@ def _dumpit(io, env, db, name, printable):
 
 def _cmd_dump(prog, args, io, backend):
     usage = _DUMP_USAGE % prog
+    if _wants_help(args):
+        io.write((usage + "\n" + _DUMP_HELP).encode())
+        return 0
     if not args:
         io.error(usage)
         return 1
@@ -919,9 +989,109 @@ def _dump_body(prog, io, env, o, subname, path):
 # --------------------------------------------------------------------------
 
 _PROG = "lmdbio"
+_VERIFY_USAGE = ("usage: %s [-n] [-s subdb] [-m max-problems] "
+                 "[--progress|--no-progress] dbpath\n")
+
+_VERIFY_HELP = """\
+Check every structural invariant of an LMDB file: every tree (free DB, main
+DB, named DBs, duplicate sub-trees) page by page, key order, overflow runs,
+database records, the free list, and that every page is in use or free
+exactly once.  Each problem is printed with its page; the exit status is 0
+only for a clean file.  Notes (not damage) say what some liblmdb versions
+write differently.
+
+  -n                dbpath is the data file itself (subdir=False)
+  -s subdb          check only this named database (no page accounting)
+  -m max-problems   stop after this many problems (default 1000, 0: none)
+  --progress        progress on stderr even when it is not a terminal
+  --no-progress     no progress (default when stderr is not a terminal)
+"""
+
+
 def _cmd_verify(prog, args, io, backend):
-    from lmdbio.verify import main as verify_main
-    return verify_main(prog, args, io, backend)
+    usage = _VERIFY_USAGE % prog
+    opts = {"n": False, "s": None, "m": 1000, "progress": None, "bad": False}
+    rest = []
+    for a in args:
+        if a in ("--help", "-h"):
+            io.write((usage + "\n" + _VERIFY_HELP).encode())
+            return 0
+        if a == "--progress":
+            opts["progress"] = True
+        elif a == "--no-progress":
+            opts["progress"] = False
+        elif a.startswith("--") and a != "--":
+            io.error("%s: unknown option %s\n%s" % (prog, a, usage))
+            return 2
+        else:
+            rest.append(a)
+
+    def handle(c, arg):
+        if c == "n":
+            opts["n"] = True
+        elif c == "s":
+            opts["s"] = arg
+        elif c == "m":
+            try:
+                opts["m"] = int(arg)
+            except ValueError:
+                io.error("%s: -m needs a number, not %r\n" % (prog, arg))
+                opts["bad"] = True
+        else:
+            opts["bad"] = True
+
+    operands = _parse(prog, rest, "ns:m:", io, handle)
+    if opts["bad"] or len(operands) != 1:
+        io.error(usage)
+        return 2
+    path = operands[0]
+    from lmdbio import _progress
+    show = opts["progress"]
+    if show is None:
+        show = _progress.is_terminal(io.err)
+    progress, end = _progress.bar(io.error, prog, "pages read")
+
+    from lmdbio.verify import verify
+    name = os.fsencode(opts["s"]) if opts["s"] is not None else None
+    try:
+        problems, st = verify(path, subdir=not opts["n"], name=name,
+                              progress=progress if show else None,
+                              progress_every=1024, max_problems=max(0, opts["m"]))
+    except Exception as exc:
+        end()
+        if not _is_lmdb_error(exc, backend):
+            raise
+        if type(exc).__name__ == "NotFoundError":
+            io.error("%s: %s: no database named %r\n" % (prog, path, opts["s"]))
+            return 1
+        if _error_of(exc)[0] in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+                                 errno.EACCES):
+            io.error(_open_failure(prog, path, opts["n"], exc))
+        else:  # the file is there but cannot be walked: damage
+            io.write(("%s: cannot be read: %s\n" % (path, exc)).encode(
+                "utf-8", "replace"))
+        return 1
+    end()
+    for pgno, msg in st["notes"]:
+        io.write(("note: " + msg + "\n").encode("utf-8", "replace"))
+    for pgno, msg in problems:
+        io.write((msg + "\n").encode("utf-8", "replace"))
+    what = ("named DB %r" % opts["s"]) if opts["s"] is not None else "file"
+    if problems:
+        more = " (stopped at the limit, -m)" if (
+            opts["m"] and len(problems) >= opts["m"]) else ""
+        io.write(("%s: %d problem%s found in the %s%s (%d pages read)\n" % (
+            path, len(problems), "" if len(problems) == 1 else "s", what,
+            more, st["pages_read"])).encode("utf-8", "replace"))
+        return 1
+    nn = len(st["notes"])
+    io.write(("%s: ok: txn %d, %d trees, %d named DBs, %d pages read, "
+              "%d free pages, last page %d%s\n" % (
+                  path, st["txnid"], st["trees"], st["named_dbs"],
+                  st["pages_read"], st["free_pages"], st["last_pg"],
+                  "" if not nn else ", %d note%s" % (nn, "" if nn == 1 else "s"),
+              )).encode())
+    return 0
 
 
 def _cmd_convert(prog, args, io, backend):

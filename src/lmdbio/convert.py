@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 import time
+import zipfile
 
 import numpy as np
 
@@ -122,7 +123,12 @@ class _Writer:
     doubled whenever it fills."""
 
     def __init__(self, path, map_size, commit_every):
-        import lmdb
+        try:
+            import lmdb
+        except ImportError:
+            raise ConvertError('writing an LMDB needs py-lmdb, which is not '
+                               'installed: pip install "lmdbio[convert]" '
+                               '(or pip install lmdb)') from None
         self.lmdb = lmdb
         path = os.fspath(path)
         if os.path.exists(path) and (not os.path.isdir(path) or
@@ -193,7 +199,7 @@ def read_list(listfile):
 
 
 def _resize(img, height, width):
-    from lmdbio.datum import image_backend
+    from lmdbio._images import image_backend
     if image_backend() == 'cv2':
         import cv2
         return cv2.resize(img, (width, height), interpolation=cv2.INTER_LINEAR)
@@ -208,11 +214,12 @@ def _resize(img, height, width):
 def _image_record(path, label, is_color, height, width, enc):
     """convert_imageset's ReadImageToDatum: the serialized Datum, or None
     when the image cannot be read."""
-    from lmdbio.datum import _imdecode, _chw, encode
+    from lmdbio._images import imdecode, chw
+    from lmdbio.datum import encode, encode_file
     try:
         with open(path, 'rb') as f:
             raw = f.read()
-        img = _imdecode(np.frombuffer(raw, np.uint8), is_color, not is_color)
+        img = imdecode(np.frombuffer(raw, np.uint8), is_color, not is_color)
     except Exception:
         return None
     if height > 0 and width > 0:
@@ -225,16 +232,10 @@ def _image_record(path, label, is_color, height, width, enc):
         if (channels == 3) == is_color and not height and not width and \
                 ext_ok:
             # the file itself (ReadFileToDatum): data, label, encoded
-            return _encoded_datum(raw, label)
-        return encode(_chw(img), label,
+            return encode_file(raw, label)
+        return encode(chw(img), label,
                       encoded='jpg' if enc in ('jpg', 'jpeg') else enc)
-    return encode(np.ascontiguousarray(_chw(img)), label)
-
-
-def _encoded_datum(raw, label):
-    from lmdbio.datum import _varint, _int32
-    return b''.join([b'\x22', _varint(len(raw)), raw, _int32(5, label),
-                     b'\x38\x01'])
+    return encode(np.ascontiguousarray(chw(img)), label)
 
 
 def _size_of(value):
@@ -246,9 +247,12 @@ def _size_of(value):
 def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
                      resize_height=0, resize_width=0, check_size=False,
                      encoded=False, encode_type='', map_size=1 << 30,
-                     commit_every=1000, threads=None, log=None):
-    """What ``convert_imageset`` does; returns (written, skipped)."""
-    from lmdbio.datum import _default_threads, _pool
+                     commit_every=1000, threads=None, log=None,
+                     progress=None):
+    """What ``convert_imageset`` does; returns (written, skipped).
+    ``progress(done, total)``, when given, is called after each chunk of
+    images."""
+    from lmdbio._images import default_threads, pool
     lines = read_list(listfile)
     if shuffle:
         perm = np.random.default_rng(seed).permutation(len(lines))
@@ -264,7 +268,7 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
     if (resize_height > 0) != (resize_width > 0) and log:
         log('warning: only one of resize_height/resize_width is set: not '
             'resizing (as Caffe)')
-    threads = _default_threads() if threads is None else max(1, threads)
+    threads = default_threads() if threads is None else max(1, threads)
     w = _Writer(db, map_size, commit_every)
     skipped = 0
     data_size = None
@@ -287,7 +291,7 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
         for lo in range(0, len(lines), chunk):
             items = list(enumerate(lines[lo:lo + chunk], lo))
             if threads > 1:
-                results = list(_pool(threads).map(work, items))
+                results = list(pool(threads).map(work, items))
             else:
                 results = [work(it) for it in items]
             for line_id, name, value in results:
@@ -308,7 +312,9 @@ def convert_imageset(root, listfile, db, *, gray=False, shuffle=False, seed=0,
                                                      data_size))
                 key = ('%08d_%s' % (line_id, name)).encode('utf-8')
                 w.put(key, value)
-            if log and (lo + chunk) % 1000 < chunk:
+            if progress:
+                progress(min(len(lines), lo + chunk), len(lines))
+            elif log and (lo + chunk) % 1000 < chunk:
                 log('Processed %d files.' % min(len(lines), lo + chunk))
     finally:
         w.close()
@@ -336,9 +342,10 @@ def _pick(npz, key, names, what):
 
 def convert_arrays(data, labels, db, *, nhwc=False, rgb=False, encoded=False,
                    encode_type='', shuffle=False, seed=0, map_size=1 << 30,
-                   commit_every=1000, log=None):
+                   commit_every=1000, log=None, progress=None):
     """Images [N, C, H, W] (or [N, H, W]) and labels [N] into an LMDB of
-    Datums keyed "%08d"; returns the record count."""
+    Datums keyed "%08d"; returns the record count.  ``progress(done,
+    total)``, when given, is called every 256 records and at the end."""
     from lmdbio.datum import encode
     data = np.asarray(data)
     labels = np.asarray(labels).reshape(-1) if labels is not None else None
@@ -383,7 +390,9 @@ def convert_arrays(data, labels, db, *, nhwc=False, rgb=False, encoded=False,
         for pos, i in enumerate(order):
             label = None if labels is None else int(labels[i])
             w.put(b'%08d' % pos, encode(data[i], label, encoded=fmt))
-            if log and (pos + 1) % 10000 == 0:
+            if progress and ((pos + 1) % 256 == 0 or pos + 1 == n):
+                progress(pos + 1, n)
+            elif log and not progress and (pos + 1) % 10000 == 0:
                 log('Processed %d records.' % (pos + 1))
     finally:
         w.close()
@@ -413,6 +422,11 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
     except SystemExit as e:  # --help
         return e.code or 0
     log = None if o.quiet else (lambda s: err('%s: %s\n' % (prog, s)))
+    from lmdbio import _progress
+    stream = io.err if io is not None else sys.stderr
+    progress = end = None
+    if not o.quiet and _progress.is_terminal(stream):
+        progress, end = _progress.bar(err, prog, 'records')
     t0 = time.perf_counter()
     try:
         if o.npz:
@@ -420,6 +434,9 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                 err('%s%s: --npz takes FILE.npz DB_NAME\n' % (_USAGE, prog))
                 return 2
             src, db = o.inputs
+            if not zipfile.is_zipfile(src):
+                raise ConvertError('%s is not a .npz file (numpy.savez or '
+                                   'savez_compressed writes one)' % src)
             with np.load(src, allow_pickle=False) as npz:
                 data = _pick(npz, o.data_key, ('data', 'x', 'images', 'X'),
                              'images')
@@ -435,7 +452,8 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                                encoded=o.encoded, encode_type=o.encode_type,
                                shuffle=o.shuffle, seed=o.seed,
                                map_size=o.map_size,
-                               commit_every=o.commit_every, log=log)
+                               commit_every=o.commit_every, log=log,
+                               progress=progress)
             skipped = 0
         else:
             if len(o.inputs) != 3:
@@ -449,10 +467,14 @@ def main(prog='lmdbio convert', args=None, io=None, backend=None):
                 resize_width=o.resize_width, check_size=o.check_size,
                 encoded=o.encoded, encode_type=o.encode_type,
                 map_size=o.map_size, commit_every=o.commit_every,
-                threads=o.threads, log=log)
+                threads=o.threads, log=log, progress=progress)
     except (ConvertError, OSError, ValueError, ImportError) as e:
+        if end:
+            end()
         err('%s: %s\n' % (prog, e))
         return 1
+    if end:
+        end()
     if log:
         log('wrote %d records to %s in %.2f s%s'
             % (n, db, time.perf_counter() - t0,

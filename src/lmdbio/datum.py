@@ -21,7 +21,6 @@ the record; a batch whose records differ in shape or kind raises
 ``ValueError`` naming the first one that differs from record 0.
 """
 
-import concurrent.futures
 import os
 import queue
 import struct
@@ -33,8 +32,8 @@ import numpy as np
 from lmdbio import _datum
 from lmdbio.errors import DatumError
 
-__all__ = ['decode', 'decode_one', 'encode', 'read_mean', 'Transform',
-           'DatumReader', 'DatumError', 'image_backend']
+__all__ = ['decode', 'decode_one', 'encode', 'encode_file', 'read_mean',
+           'Transform', 'DatumReader', 'DatumError', 'image_backend']
 
 
 # --------------------------------------------------------------------------
@@ -90,99 +89,10 @@ def _renamed(exc, indices):
 # images
 # --------------------------------------------------------------------------
 
-_BACKEND = None
-
-
-def image_backend():
-    """The library that decodes encoded Datums: ``"cv2"`` (OpenCV, what
-    Caffe uses) when importable, else ``"pil"`` (Pillow).
-    ``$LMDBIO_IMAGE_BACKEND`` (cv2 or pil) forces one.  Raises ImportError
-    when neither is installed."""
-    global _BACKEND
-    if _BACKEND is not None:
-        return _BACKEND
-    want = os.environ.get('LMDBIO_IMAGE_BACKEND', '').lower() or None
-    if want not in (None, 'cv2', 'pil'):
-        raise ValueError('LMDBIO_IMAGE_BACKEND must be cv2 or pil')
-    errors = []
-    for name in ((want,) if want else ('cv2', 'pil')):
-        try:
-            if name == 'cv2':
-                import cv2  # noqa: F401
-            else:
-                import PIL.Image  # noqa: F401
-            _BACKEND = name
-            return name
-        except ImportError as e:
-            errors.append(str(e))
-    raise ImportError('decoding encoded (JPEG/PNG) Datums needs OpenCV or '
-                      'Pillow: pip install opencv-python-headless (or '
-                      'Pillow)  [%s]' % '; '.join(errors))
-
-
-def _imdecode(buf, force_color, force_gray):
-    """An image file's bytes -> np.uint8 (H, W, C) in BGR(A) order or
-    (H, W) grey; raises on anything it cannot decode to 8 bits."""
-    if image_backend() == 'cv2':
-        import cv2
-        flag = (cv2.IMREAD_COLOR if force_color else
-                cv2.IMREAD_GRAYSCALE if force_gray else cv2.IMREAD_UNCHANGED)
-        img = cv2.imdecode(buf, flag)
-        if img is None:
-            raise ValueError('not an image OpenCV can decode')
-        if img.dtype != np.uint8:
-            raise ValueError('a %s image: Caffe needs 8-bit pixels'
-                             % img.dtype)
-        return img
-    import io
-    from PIL import Image
-    with Image.open(io.BytesIO(buf)) as im:
-        im.load()
-        if force_gray:
-            im = im.convert('L')
-        elif force_color:
-            im = im.convert('RGB')
-        elif im.mode == '1':
-            im = im.convert('L')
-        elif im.mode == 'P':
-            im = im.convert('RGBA' if 'transparency' in im.info else 'RGB')
-        elif im.mode == 'LA':
-            im = im.convert('RGBA')
-        elif im.mode in ('CMYK', 'YCbCr', 'LAB', 'HSV'):
-            im = im.convert('RGB')
-        elif im.mode not in ('L', 'RGB', 'RGBA'):
-            raise ValueError('a %s image: Caffe needs 8-bit pixels' % im.mode)
-        a = np.asarray(im)
-    if a.ndim == 3:
-        a = a[:, :, [2, 1, 0, 3][:a.shape[2]] if a.shape[2] == 4
-              else slice(None, None, -1)]
-    return a
-
-
-def _chw(img):
-    return img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
-
-
-_POOLS = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(threads):
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix='lmdbio-imdecode')
-            _POOLS[threads] = pool
-        return pool
-
-
-def _default_threads():
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(8, n))
+from lmdbio._images import (  # noqa: E402  (one home, shared with convert)
+    image_backend, imdecode as _imdecode, chw as _chw, pool as _pool,
+    default_threads as _default_threads,
+)
 
 
 def _decode_images(data, doff, dlen, force_color, force_gray, threads):
@@ -240,8 +150,29 @@ def _decode_images(data, doff, dlen, force_color, force_gray, threads):
 _THREADED_BYTES = 8 << 20  # raw batches this large decode in threads
 
 
+def _check_color(color):
+    if color not in ('bgr', 'rgb'):
+        raise ValueError('color must be "bgr" (Caffe\'s order) or "rgb", '
+                         'not %r' % (color,))
+
+
+def _to_rgb(arr):
+    """Images [..., C, H, W] stored BGR(A) -> RGB(A), in place: channels 0
+    and 2 swapped (the reversal of B, G, R); one channel stays as it is."""
+    c = arr.shape[-3]
+    if c == 1:
+        return arr
+    if c not in (3, 4):
+        raise ValueError('color="rgb" needs 1, 3 or 4 channels, the Datums '
+                         'have %d' % c)
+    blue = arr[..., 0, :, :].copy()
+    arr[..., 0, :, :] = arr[..., 2, :, :]
+    arr[..., 2, :, :] = blue
+    return arr
+
+
 def decode(values, *, force_color=False, force_gray=False, threads=None,
-           indices=None, out=None):
+           indices=None, out=None, color='bgr'):
     """A batch of serialized Datums -> ``(data, labels)``.
 
     ``values``: the batch: an :class:`lmdbio.Ragged` (a Reader batch's
@@ -260,9 +191,12 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
     database ordinals of a Reader batch); default their position.
     ``out``: an array to decode raw or float Datums into (C-contiguous, of
     the result's dtype and shape), to reuse one buffer across batches.
+    ``color``: ``"bgr"`` (default, the order Caffe stores and decodes) or
+    ``"rgb"`` (channels 0 and 2 swapped: what PyTorch models expect).
     """
     if force_color and force_gray:
         raise ValueError('force_color and force_gray cannot both be set')
+    _check_color(color)
     data, offsets = _as_ragged(values)
     n = len(offsets) - 1
     if n <= 0:
@@ -279,7 +213,7 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
                                 doff, dlen)
             out = _decode_images(data, doff, dlen, force_color, force_gray,
                                  threads)
-            return out, labels
+            return (_to_rgb(out) if color == 'rgb' else out), labels
         dtype = np.float32 if kind == _datum.FLOAT else np.uint8
         if out is None:
             out = np.empty((n, c, h, w), dtype=dtype)
@@ -296,24 +230,32 @@ def decode(values, *, force_color=False, force_gray=False, threads=None,
             nthreads = min(4, _default_threads()) if big else 1
         else:
             nthreads = max(1, int(threads))
+        if color == 'rgb' and c not in (1, 3, 4):
+            _to_rgb(np.empty((c, 0, 0), dtype))  # raises: no such channels
         _datum.decode_batch(data, offsets, kind, c, h, w, out, labels,
                             nthreads=nthreads)
-        return out, labels
+        return (_to_rgb(out) if color == 'rgb' else out), labels
     except (DatumError, ValueError) as e:
         if indices is not None and getattr(e, 'index', None) is not None:
             raise _renamed(e, indices) from e
         raise
 
 
-def decode_one(buf, *, force_color=False, force_gray=False):
+def decode_one(buf, *, force_color=False, force_gray=False, color='bgr'):
     """One serialized Datum -> ``(array[C, H, W], label)``: uint8 pixels
     (raw or encoded Datums) or float32 (float_data); ``label`` an int.
 
     ``buf``: the record (bytes-like or a uint8 array).  ``force_color`` /
     ``force_gray``: decode an encoded image to three channels / one, as in
-    :func:`decode`."""
+    :func:`decode`.  ``color``: ``"bgr"`` (default, Caffe's order) or
+    ``"rgb"``."""
     if force_color and force_gray:
         raise ValueError('force_color and force_gray cannot both be set')
+    _check_color(color)
+    if color == 'rgb':
+        arr, label = decode_one(buf, force_color=force_color,
+                                force_gray=force_gray)
+        return _to_rgb(arr), label
     b = _as_buffer(buf)
     d = _datum.parse(b, 'Datum')
     kind = d['kind']
@@ -356,6 +298,18 @@ def _int32(field, v):
     if not -(1 << 31) <= v < (1 << 31):
         raise ValueError('%d does not fit an int32 Datum field' % v)
     return _varint(field << 3) + _varint(v & 0xFFFFFFFFFFFFFFFF)
+
+
+def encode_file(image, label=None):
+    """A Datum holding an image file's bytes as they are (JPEG, PNG, ...):
+    ``data``, ``label`` and ``encoded: true``, what Caffe's
+    ``convert_imageset --encoded`` stores for a file it need not re-encode."""
+    image = bytes(image)
+    parts = [b'\x22', _varint(len(image)), image]
+    if label is not None:
+        parts.append(_int32(5, label))
+    parts.append(b'\x38\x01')
+    return b''.join(parts)
 
 
 def _png(chw):
@@ -437,12 +391,8 @@ def encode(array, label=None, encoded=False, *, quality=95):
             raise ValueError('an encoded Datum holds uint8 pixels, not %s'
                              % a.dtype)
         a = np.ascontiguousarray(a)
-        img = _png(a) if fmt == 'png' else _jpeg(a, quality)
-        parts += [b'\x22', _varint(len(img)), img]
-        if label is not None:
-            parts.append(_int32(5, label))
-        parts.append(b'\x38\x01')
-        return b''.join(parts)
+        return encode_file(_png(a) if fmt == 'png' else _jpeg(a, quality),
+                           label)
     parts += [_int32(1, c), _int32(2, h), _int32(3, w)]
     if a.dtype == np.uint8:
         raw = np.ascontiguousarray(a).tobytes()
@@ -740,13 +690,15 @@ class DatumReader:
     the caller's thread).  ``decode_threads``: threads for encoded images.
     ``force_color`` / ``force_gray``: decode encoded images to three
     channels / one (default: the ``transform``'s fields of those names).
+    ``color``: ``"bgr"`` (default, Caffe's order) or ``"rgb"``, decoded
+    before the transform (whose mean values follow the same order).
     ``len()``, ``num_records``, ``total_records``, ``set_epoch()``,
     ``read(indices)`` and ``close()`` are the Reader's.
     """
 
     def __init__(self, path, *, transform=None, prefetch=2,
                  decode_threads=None, force_color=None, force_gray=None,
-                 **reader_kwargs):
+                 color='bgr', **reader_kwargs):
         from lmdbio.reader import Reader
         import inspect
         try:
@@ -755,6 +707,8 @@ class DatumReader:
             params = {}
         if 'keys' in params:
             reader_kwargs.setdefault('keys', False)  # values are enough
+        _check_color(color)
+        self.color = color
         self.transform = transform
         self.prefetch = int(prefetch)
         self.decode_threads = decode_threads
@@ -795,7 +749,7 @@ class DatumReader:
         data, labels = decode(batch.values, force_color=self.force_color,
                               force_gray=self.force_gray,
                               threads=self.decode_threads,
-                              indices=batch.indices)
+                              indices=batch.indices, color=self.color)
         if self.transform is not None:
             data = self.transform(data)
         return data, labels

@@ -11,7 +11,7 @@ on one rank raises the same exception, naming that rank, on every rank.
 
 import numpy as np
 
-from lmdbio.errors import Error, make_error
+from lmdbio.errors import MDB_CORRUPTED, Error, make_error
 
 __all__ = ['MPIFile', 'Collective', 'NodeShare']
 
@@ -89,7 +89,7 @@ class Collective:
             raise exc  # KeyboardInterrupt and friends are not agreed on
         mine = None
         if exc is not None:
-            mine = (type(exc).__name__, getattr(exc, 'code', None) or -30796,
+            mine = (type(exc).__name__, getattr(exc, 'code', None) or MDB_CORRUPTED,
                     str(exc))
         everyone = self.comm.allgather(mine)
         for r, failed in enumerate(everyone):

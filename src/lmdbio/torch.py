@@ -12,6 +12,8 @@
 Items are ``(key, value)`` bytes, or ``decode(value)`` when a ``decode``
 callable is given, e.g. :func:`lmdbio.datum.decode_one` for Caffe Datums
 (``(array[C, H, W], label)``, which the DataLoader collates to tensors).
+``color="rgb"`` (or ``"bgr"``) is passed on to such a decoder: Caffe stores
+colour images BGR, PyTorch models expect RGB.
 
 Each process (each DataLoader worker) opens its own :class:`lmdbio.Reader`
 on first use: datasets pickle without open files and are safe to use with
@@ -30,6 +32,20 @@ except ImportError as _e:  # pragma: no cover - exercised without torch
                       '(or torch)  [%s]' % _e) from _e
 
 __all__ = ['LMDBDataset', 'LMDBIterableDataset', 'partition']
+
+
+def _with_color(decode, color):
+    """`decode` called with ``color=color`` (lmdbio.datum's decoders take
+    it); unchanged when color is None."""
+    if color is None:
+        return decode
+    if decode is None:
+        raise ValueError('color=%r needs a decode callable (e.g. '
+                         'lmdbio.datum.decode_one)' % (color,))
+    from lmdbio.datum import _check_color
+    import functools
+    _check_color(color)
+    return functools.partial(decode, color=color)
 
 
 def _dist_rank_size(rank, world_size):
@@ -147,8 +163,9 @@ class _ReaderHolder:
 class LMDBDataset(_ReaderHolder, Dataset):
     """Map-style dataset: ``ds[i]`` is record ``i`` in key order.
 
-    ``LMDBDataset(path, *, db=None, decode=None, **Reader_kwargs)``: items
-    are ``(key, value)`` bytes, or ``decode(value)``.  ``len(ds)`` is the
+    ``LMDBDataset(path, *, db=None, decode=None, color=None,
+    **Reader_kwargs)``: items are ``(key, value)`` bytes, or
+    ``decode(value)`` (``decode(value, color=color)`` when color is given).  ``len(ds)`` is the
     number of records.  Negative indices count from the end.
 
     ``path``, ``db``, ``subdir``, ``lock`` (default ``False``: no reader
@@ -158,9 +175,10 @@ class LMDBDataset(_ReaderHolder, Dataset):
     """
 
     def __init__(self, path, *, db=None, decode=None, subdir=True,
-                 lock=False, index_cache=True, **reader_kwargs):
+                 lock=False, index_cache=True, color=None, **reader_kwargs):
         reader_kwargs.update(db=db, subdir=subdir, lock=lock,
                              index_cache=index_cache)
+        decode = _with_color(decode, color)
         self._init_reader(path, reader_kwargs, need_keys=decode is None)
         self.decode = decode
 
@@ -227,7 +245,9 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
     called once per batch with the values (a :class:`lmdbio.Ragged`, e.g.
     ``decode=lmdbio.datum.decode`` gives ``(data[k, C, H, W], labels[k])``),
     without it a batch is ``(keys, values)`` lists; use
-    ``DataLoader(ds, batch_size=None)``.
+    ``DataLoader(ds, batch_size=None)``.  ``color``: ``"rgb"`` or ``"bgr"``,
+    passed to ``decode`` as ``decode(values, color=color)`` (lmdbio.datum's
+    decoders take it); None (default) passes nothing.
 
     ``read_size``: records per bulk read when ``batch_size`` is None.
     ``prefetch``: how many reads a background thread runs ahead (0: none).
@@ -239,9 +259,10 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
     def __init__(self, path, *, batch_size=None, shuffle=False, seed=0,
                  db=None, decode=None, rank=None, world_size=None,
                  drop_last=False, read_size=256, prefetch=2, subdir=True,
-                 lock=False, index_cache=True, **reader_kwargs):
+                 lock=False, index_cache=True, color=None, **reader_kwargs):
         reader_kwargs.update(db=db, subdir=subdir, lock=lock,
                              index_cache=index_cache)
+        decode = _with_color(decode, color)
         self._init_reader(path, reader_kwargs, need_keys=decode is None)
         if batch_size is not None and int(batch_size) < 1:
             raise ValueError('batch_size must be at least 1 (or None)')

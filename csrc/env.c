@@ -1,0 +1,127 @@
+/* The environment: open a data file through a lio_source, read its meta
+ * pages, pick a snapshot.
+ *
+ * Layer 4 of the core (after errors, page format and page cache).
+ * May call: errors.c (lio_fail*), format.c (lio_parse_meta,
+ * lio_check_snapshot) and pager.c (lio_read_range, lio_env_close). */
+#include <stdlib.h>
+
+#include "core.h"
+
+static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+{
+    uint8_t *buf = NULL;
+    const uint8_t *data;
+    int rc;
+    for (int i = 0; i < 2; i++) {
+        uint64_t off = (uint64_t)i * env->psize;
+        if ((rc = lio_read_range(env, off, META_END, &buf, &data, i, err))) {
+            if (rc == LIO_PAGE_NOTFOUND)
+                rc = lio_fail(err, LIO_INVALID, i,
+                              "meta page %d is past the end of the file "
+                              "(%llu bytes): not an LMDB file",
+                              i, (unsigned long long)env->file_size);
+            return rc;
+        }
+        rc = lio_parse_meta(data, META_END, i, &metas[i], err);
+        free(buf);
+        if (rc)
+            return rc;
+        if (metas[i].psize != env->psize)
+            return lio_fail(err, LIO_INVALID, i,
+                            "meta page %d: page size %u differs from meta "
+                            "page 0's %u", i, metas[i].psize, env->psize);
+    }
+    return LIO_SUCCESS;
+}
+
+int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+{
+    return read_metas(env, metas, err);
+}
+
+int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
+                     lio_error *err)
+{
+    lio_meta metas[2];
+    int rc, which;
+    if ((rc = read_metas(env, metas, err)))
+        return rc;
+    if (txnid == 0) {
+        which = metas[1].txnid > metas[0].txnid;
+    } else {
+        which = (int)(txnid & 1);
+        if (metas[which].txnid != txnid)
+            return LIO_RETRY;
+    }
+    if ((rc = lio_check_snapshot(&metas[which], which, err)))
+        return rc;
+    *out = metas[which];
+    return LIO_SUCCESS;
+}
+
+int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
+                 size_t readahead_bytes, lio_error *err)
+{
+    lio_env *env;
+    uint8_t *buf = NULL;
+    const uint8_t *data;
+    lio_meta m0;
+    int64_t size;
+    int rc;
+
+    *out = NULL;
+    env = calloc(1, sizeof *env);
+    if (!env)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    env->src = *src;
+    env->align = src->align ? src->align : 1;
+    pthread_mutex_init(&env->lock, NULL);
+    pthread_mutex_init(&env->ra_lock, NULL);
+    env->lru.next = env->lru.prev = &env->lru;
+    size = src->size(src->ctx);
+    if (size < 0) {
+        rc = lio_fail_sys(err, (int)-size, 0, "cannot stat the data file");
+        goto fail;
+    }
+    env->file_size = (uint64_t)size;
+    if (env->file_size < META_END) {
+        rc = lio_fail(err, LIO_INVALID, 0,
+                      "file is %llu bytes, too small for an LMDB meta page: "
+                      "not an LMDB file", (unsigned long long)env->file_size);
+        goto fail;
+    }
+    if ((rc = lio_read_range(env, 0, META_END, &buf, &data, 0, err)))
+        goto fail;
+    rc = lio_parse_meta(data, META_END, 0, &m0, err);
+    free(buf);
+    if (rc)
+        goto fail;
+    env->psize = m0.psize;
+    {
+        lio_meta metas[2];
+        if ((rc = read_metas(env, metas, err)))
+            goto fail;
+    }
+    env->max_pages = cache_bytes / env->psize;
+    if (env->max_pages < 64)
+        env->max_pages = 64;
+    env->table_size = 1;
+    while (env->table_size < env->max_pages * 2)
+        env->table_size <<= 1;
+    env->table = calloc(env->table_size, sizeof *env->table);
+    if (!env->table) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto fail;
+    }
+    env->readahead_pages = readahead_bytes / env->psize;
+    if (env->readahead_pages > env->max_pages / 4)
+        env->readahead_pages = env->max_pages / 4;
+    *out = env;
+    return LIO_SUCCESS;
+fail:
+    lio_env_close(env);
+    return rc;
+}
+
+uint32_t lio_env_psize(const lio_env *env) { return env->psize; }
