@@ -97,8 +97,17 @@ def read_all(module, path):
 
 
 # One timed walk in a fresh process: the import is not timed, opening is.
+# "reader": the same records as numpy batches through lmdbio.Reader (its
+# record index cached by the untimed warm-up walk, as in a later epoch).
 WALK = r"""
 import sys, time
+if sys.argv[1] == "reader":
+    from lmdbio import Reader  # imports numpy: not timed, as for py-lmdb
+    t0 = time.perf_counter()
+    with Reader(sys.argv[2]) as r:
+        n = sum(len(b) for b in r)
+    print(time.perf_counter() - t0, n)
+    sys.exit()
 if sys.argv[1] == "lmdbio":
     import lmdbio as lmdb
 else:
@@ -123,8 +132,8 @@ def timed_walk(name, path):
 def compare_speed(path, runs):
     """Median seconds per library over `runs` fresh-process walks each,
     interleaved A B B A after one warm-up walk each."""
-    names = ["py-lmdb", "lmdbio"]
-    mods = {"py-lmdb": "lmdb", "lmdbio": "lmdbio"}
+    names = ["py-lmdb", "lmdbio", "Reader"]
+    mods = {"py-lmdb": "lmdb", "lmdbio": "lmdbio", "Reader": "reader"}
     for name in names:
         timed_walk(mods[name], path)
     times = {name: [] for name in names}
@@ -176,15 +185,18 @@ def main(argv=None):
     print(f"`for k, v in txn.cursor()` over {n:,} records ({nbytes:,} bytes), "
           f"open included: median of {args.runs} fresh-process runs each, "
           f"interleaved, page cache warm")
+    print(f"(Reader: the same records as numpy batches, lmdbio.Reader(path))")
     print(f"{'reader':<10} {'seconds':>9} {'records/s':>12}")
-    for name in ("py-lmdb", "lmdbio"):
+    for name in ("py-lmdb", "lmdbio", "Reader"):
         secs = med[name]
         rate = n / secs if secs > 0 else float("inf")
         print(f"{name:<10} {secs:>9.4f} {rate:>12,.0f}")
-    ratio = med["py-lmdb"] / med["lmdbio"] if med["lmdbio"] > 0 else float("inf")
-    print(f"\nlmdbio / py-lmdb throughput: {ratio:.2f}x  (wall time on this "
-          f"machine, which may be shared; benches/bench_cursor.py measures "
-          f"more cases, cold cache included)")
+    for name, what in (("lmdbio", "drop-in cursor"), ("Reader", "Reader")):
+        ratio = med["py-lmdb"] / med[name] if med[name] > 0 else float("inf")
+        print(f"{'' if name == 'Reader' else chr(10)}lmdbio {what} / py-lmdb "
+              f"throughput: {ratio:.2f}x")
+    print("(wall time on this machine, which may be shared; "
+          "`lmdbio bench --fresh` measures more cases, cold cache included)")
 
     ok, n, secs = check_datums(args.path)
     if ok is not None:
