@@ -3,10 +3,13 @@ cooperative record index, one reader per node and staggered reading.
 
 Everything here is collective over lmdbio's own duplicate of the user's
 communicator, so lmdbio's traffic never interleaves with the user's.  Every
-rank has the same number of batches (the sharding rule guarantees it), each
-batch is two collective steps (leaves, then overflow values), and after
-each step the ranks agree on the outcome: a corrupt page or a failed read
-on one rank raises the same exception, naming that rank, on every rank.
+rank has the same number of batches (the sharding rule guarantees it) and
+reads them a window of batches at a time; window sizes follow from values
+every rank agrees on, so the ranks stay in step.  A window is two steps
+(leaves, then overflow values), each one collective read (a dense window)
+or this rank's own concurrent reads (a sparse one), and after each step the
+ranks agree on the outcome: a corrupt page or a failed read on one rank
+raises the same exception, naming that rank, on every rank.
 """
 
 import numpy as np
@@ -112,6 +115,16 @@ class Collective:
 
     def bcast(self, obj, root=0):
         return self.comm.bcast(obj, root=root)
+
+
+def max_all(coll, value):
+    """Collective: the largest of every rank's number."""
+    return coll.comm.allreduce(value, op=_mpi().MAX)
+
+
+def min_all(coll, value):
+    """Collective: the smallest of every rank's number."""
+    return coll.comm.allreduce(value, op=_mpi().MIN)
 
 
 def pin_snapshot(coll, bulk, txn_source=None):
