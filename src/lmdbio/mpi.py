@@ -104,6 +104,13 @@ class Collective:
             raise make_error('rank %d: %s' % (r, msg), code) from exc
         return None
 
+    def first_failure(self, exc, where):
+        """Collective: the smallest `where` of the ranks whose exc is not
+        None, or None when no rank failed."""
+        fails = [w for w in self.comm.allgather(
+            None if exc is None else where) if w is not None]
+        return min(fails) if fails else None
+
     def run(self, fn, *args):
         """fn(*args) on every rank, agreeing on failure; returns its result."""
         try:

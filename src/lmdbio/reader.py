@@ -288,7 +288,12 @@ class Reader:
                 raise ValueError('rank/world_size disagree with comm')
             rank, world_size = crank, csize
             if engine == 'auto':
-                engine = 'mpiio'
+                # Measured fastest under comm=, on a local disk and on an
+                # emulated shared filesystem (0.5 ms a request): windows of
+                # independent concurrent preads, the ranks agreeing once per
+                # window.  engine="mpiio" reads dense windows with MPI-IO's
+                # collective two-phase I/O instead.
+                engine = 'posix'
         else:
             engine = 'posix'
         self.engine = engine
@@ -662,6 +667,49 @@ class Reader:
             s += n
         return out, size * bs // max(nrec, 1)
 
+    def _iter_agreed(self, total):
+        """Under MPI with independent reads (engine="posix", no node
+        sharing, no staggering): the batches come from the prefetching
+        windows of the single-process path (no MPI call in its threads),
+        and the ranks agree on the outcome once per chunk of batches, in the
+        consumer's thread.  Chunk sizes follow from inputs every rank shares
+        (1, 2, 4, ... batches, at most what half of prefetch_bytes holds at
+        the file's bytes per record), so the ranks stay in step.  When any
+        rank failed within a chunk, every rank yields the batches before
+        the first failed one and raises."""
+        bs = self.batch_size
+        nbatches = -(-total // bs)
+        per_record = self._file.last_pg * self._file.psize / max(
+            self.total_records, 1)
+        if self.shuffle:  # a leaf read for about every record
+            per_record += self._file.psize
+        most = max(1, int(self.prefetch_bytes // 2 // (bs * per_record)))
+        batches = self._iter_windows(total)
+        pos, chunk, exc = 0, 1, None
+        try:
+            while pos < nbatches:
+                n = min(chunk, nbatches - pos)
+                got = []
+                if exc is None:
+                    try:
+                        for _ in range(n):
+                            got.append(next(batches))
+                    except StopIteration:
+                        exc = Error('%s: the epoch ended early' % self.path)
+                    except Exception as e:
+                        exc = e
+                first = self._coll.first_failure(exc, pos + len(got))
+                if first is not None:
+                    yield from got[:first - pos]
+                    self._coll.agree(exc)  # raises on every rank
+                self.mpi_stats['windows'] += 1
+                self.mpi_stats['independent'] += 1
+                yield from got
+                pos += n
+                chunk = min(2 * chunk, most)
+        finally:
+            batches.close()
+
     def _iter_collective(self, total):
         """Under MPI: windows of batches, each one collective step taken in
         order on every rank (every rank has the same number of batches, and
@@ -712,9 +760,13 @@ class Reader:
         if not total:
             return
         if self._coll is not None:
-            # Under MPI every window is a collective step, taken in order on
-            # every rank; leaving an epoch early is collective too.
-            yield from self._iter_collective(total)
+            # Under MPI the ranks agree every few batches, in order on every
+            # rank; leaving an epoch early is collective too.
+            if self.engine == 'posix' and self._share is None and \
+                    self._io_groups == 1:
+                yield from self._iter_agreed(total)
+            else:
+                yield from self._iter_collective(total)
             return
         yield from self._iter_windows(total)
 
