@@ -232,6 +232,8 @@ def worker(a):
     path = paths[min(rank // a.rpn, len(paths) - 1)]
     fn = WORKERS[a.peer]
     import lmdbio  # noqa: F401  (import before timing)
+    import lmdbio.reader  # noqa: F401  (lmdbio.Reader is imported lazily,
+    import lmdbio.mpi  # noqa: F401   with numpy: not the peer's epoch)
     import lmdb  # noqa: F401
     comm.Barrier()
     rb0, mf0, c0 = _read_bytes(), _majflt(), time.process_time()

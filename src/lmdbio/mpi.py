@@ -12,11 +12,15 @@ ranks agree on the outcome: a corrupt page or a failed read on one rank
 raises the same exception, naming that rank, on every rank.
 """
 
+import time
+
 import numpy as np
 
 from lmdbio.errors import Error, make_error
 
 __all__ = ['MPIFile', 'Collective', 'NodeShare']
+
+_NONE = np.iinfo(np.int64).max  # "no rank failed" in first_failure
 
 
 def _mpi():
@@ -90,6 +94,8 @@ class Collective:
         failing rank's exception, named), else return."""
         if isinstance(exc, BaseException) and not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt and friends are not agreed on
+        if self.first_failure(exc, 0) is None:
+            return None
         mine = None
         if exc is not None:
             mine = (type(exc).__name__, getattr(exc, 'code', None) or -30796,
@@ -105,11 +111,25 @@ class Collective:
         return None
 
     def first_failure(self, exc, where):
-        """Collective: the smallest `where` of the ranks whose exc is not
-        None, or None when no rank failed."""
-        fails = [w for w in self.comm.allgather(
-            None if exc is None else where) if w is not None]
-        return min(fails) if fails else None
+        """Collective: the smallest `where` (an int >= 0) of the ranks whose
+        exc is not None, or None when no rank failed."""
+        got = self.reduce(where if exc is not None else _NONE, 'MIN')
+        return None if got == _NONE else got
+
+    def reduce(self, value, op):
+        """Collective: MIN or MAX of every rank's int64.  A rank that
+        arrives early waits sleeping, not polling: with more ranks than
+        cores a polling wait takes the core from the rank it waits for
+        (MPICH's own waits poll; see the README on oversubscribing)."""
+        MPI = _mpi()
+        send = np.array([value], dtype=np.int64)
+        recv = np.empty(1, dtype=np.int64)
+        req = self.comm.Iallreduce(send, recv, op=getattr(MPI, op))
+        pause = 2e-5
+        while not req.Test():
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        return int(recv[0])
 
     def run(self, fn, *args):
         """fn(*args) on every rank, agreeing on failure; returns its result."""
@@ -124,14 +144,6 @@ class Collective:
         return self.comm.bcast(obj, root=root)
 
 
-def max_all(coll, value):
-    """Collective: the largest of every rank's number."""
-    return coll.comm.allreduce(value, op=_mpi().MAX)
-
-
-def min_all(coll, value):
-    """Collective: the smallest of every rank's number."""
-    return coll.comm.allreduce(value, op=_mpi().MIN)
 
 
 def pin_snapshot(coll, bulk, txn_source=None):

@@ -608,8 +608,8 @@ class Reader:
             leaf = np.unique(np.searchsorted(first, ordinals, 'right') - 1)
             held = int((first[leaf + 1] - first[leaf]).sum())
             density = min(1.0, len(ordinals) / float(max(held, 1)))
-        from lmdbio.mpi import min_all
-        density = min_all(self._coll, density)
+        # (as an int: Collective.reduce agrees on int64s)
+        density = self._coll.reduce(int(density * 1e6), 'MIN') / 1e6
         return self.engine == 'mpiio' and density >= 0.5, density
 
     def _collective_step(self, start, stop):
@@ -719,7 +719,6 @@ class Reader:
         so that the first batch comes quickly, and each is at most twice the
         last.  A damaged window is read again batch by batch, so that every
         batch before the damaged one is delivered."""
-        from lmdbio.mpi import max_all
         bs = self.batch_size
         budget = max(1, self.prefetch_bytes // 2)
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
@@ -735,7 +734,7 @@ class Reader:
                     yield from self._collective_step(s, min(stop, s + bs))[0]
                 pos = stop
                 continue
-            per_batch = max(1, max_all(self._coll, per_batch))
+            per_batch = max(1, self._coll.reduce(int(per_batch), 'MAX'))
             nbatch = max(1, min(2 * nbatch, budget // per_batch))
             pos = stop
             for b in batches:
