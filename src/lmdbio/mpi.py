@@ -81,6 +81,21 @@ class MPIFile:
             self.fh = None
 
 
+def _wait(req):
+    """Wait for a non-blocking MPI request with short sleeps (a polling
+    wait would take the core of the rank being waited for when ranks
+    outnumber cores)."""
+    pause = 2e-5
+    while not req.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def barrier(comm):
+    """comm.Barrier(), waited on sleeping."""
+    _wait(comm.Ibarrier())
+
+
 class Collective:
     """Agreement helpers over lmdbio's communicator."""
 
@@ -124,11 +139,7 @@ class Collective:
         MPI = _mpi()
         send = np.array([value], dtype=np.int64)
         recv = np.empty(1, dtype=np.int64)
-        req = self.comm.Iallreduce(send, recv, op=getattr(MPI, op))
-        pause = 2e-5
-        while not req.Test():
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+        _wait(self.comm.Iallreduce(send, recv, op=getattr(MPI, op)))
         return int(recv[0])
 
     def run(self, fn, *args):
@@ -256,7 +267,7 @@ class NodeShare:
             header = (pos, layout)
         else:
             header = None
-        self.node.Barrier()  # everyone is done with the previous batch
+        barrier(self.node)  # everyone is done with the previous batch
         header = self.node.bcast(header, root=0)
         total, layout = header
         self._ensure(total)
@@ -265,7 +276,7 @@ class NodeShare:
                 for place, arr in zip(ent, (kd, vd)):
                     if place is not None:
                         self.buf[place[0]:place[0] + place[1]] = arr
-        self.node.Barrier()
+        barrier(self.node)
         ent, koff, voff = layout[self.local_rank]
         views = [None if p is None else self.buf[p[0]:p[0] + p[1]]
                  for p in ent]

@@ -574,6 +574,7 @@ class Reader:
         MPI-IO (one Read_all per phase over the group) or this process's
         own concurrent preads; returns (per-part arrays, leaf bytes,
         exception)."""
+        from lmdbio.mpi import barrier
         result, exc = (None, 0), None
         for turn in range(self._io_groups):
             if turn == self._my_turn:
@@ -585,7 +586,7 @@ class Reader:
                 except Exception as e:
                     exc = e
             if self._io_groups > 1:
-                self._readers.comm.Barrier()
+                barrier(self._readers.comm)
         return result[0], result[1], exc
 
     def _window_mode(self, ordinals):
