@@ -597,8 +597,8 @@ class Reader:
         with engine="posix", independent preads with many in flight (a
         collective read of scattered extents would read the gaps between
         them).  Density: the share of the touched leaves' records the
-        window wants, the smallest over the ranks.  Returns (collective,
-        density)."""
+        window wants, the smallest over the ranks (engine="mpiio"; the
+        ranks then agree on it).  Returns (collective, density)."""
         density = 1.0
         if ordinals is not None and len(ordinals):
             # the share of the touched leaves' records that the window wants
@@ -609,9 +609,11 @@ class Reader:
             leaf = np.unique(np.searchsorted(first, ordinals, 'right') - 1)
             held = int((first[leaf + 1] - first[leaf]).sum())
             density = min(1.0, len(ordinals) / float(max(held, 1)))
+        if self.engine != 'mpiio':
+            return False, density  # (this rank's, for the debug line)
         # (as an int: Collective.reduce agrees on int64s)
         density = self._coll.reduce(int(density * 1e6), 'MIN') / 1e6
-        return self.engine == 'mpiio' and density >= 0.5, density
+        return density >= 0.5, density
 
     def _collective_step(self, start, stop):
         """The batches at positions [start, stop) of every rank's share, as
