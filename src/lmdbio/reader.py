@@ -597,8 +597,9 @@ class Reader:
         with engine="posix", independent preads with many in flight (a
         collective read of scattered extents would read the gaps between
         them).  Density: the share of the touched leaves' records the
-        window wants, the smallest over the ranks (engine="mpiio"; the
-        ranks then agree on it).  Returns (collective, density)."""
+        window wants (of the first and last leaf: what it wants of them),
+        the smallest over the ranks (engine="mpiio"; the ranks then agree
+        on it).  Returns (collective, density)."""
         density = 1.0
         if ordinals is not None and len(ordinals):
             # the share of the touched leaves' records that the window wants
@@ -606,9 +607,14 @@ class Reader:
             if first is None:
                 first = self._leaf_first = \
                     self._file.index_arrays()[1].astype(np.int64)
-            leaf = np.unique(np.searchsorted(first, ordinals, 'right') - 1)
-            held = int((first[leaf + 1] - first[leaf]).sum())
-            density = min(1.0, len(ordinals) / float(max(held, 1)))
+            # (the first and last leaves count only what is wanted of them:
+            # a window of an ordered epoch starts and ends mid-leaf)
+            leaf, wanted = np.unique(np.searchsorted(first, ordinals,
+                                                     'right') - 1,
+                                     return_counts=True)
+            held = first[leaf + 1] - first[leaf]
+            held[0], held[-1] = wanted[0], wanted[-1]
+            density = min(1.0, len(ordinals) / float(max(held.sum(), 1)))
         if self.engine != 'mpiio':
             return False, density  # (this rank's, for the debug line)
         # (as an int: Collective.reduce agrees on int64s)
