@@ -126,13 +126,17 @@ stubtest: check-installed
 test-fast: check-installed
 	$(VPY) -m pytest tests --ignore=tests/mpi $(PYTEST_ARGS)
 
+# MPICH busy-polls while a rank waits; with more ranks than cores that takes
+# the core from the rank being waited for.  These make a waiting rank yield.
+MPI_YIELD := MPIR_CVAR_POLLS_BEFORE_YIELD=10 MPIR_CVAR_CH4_PROGRESS_THROTTLE=1
+
 # One pytest per rank; the mpiexec is MPICH's hydra from the mpich wheel in
 # .venv (oversubscribing the cores is fine).  No pytest cache: the ranks share
 # the directory.  `timeout` turns a collective that never completes into a failure.
 test-mpi: check-installed
 	@for n in $(MPI_SIZES); do \
 		echo "== mpiexec -n $$n python -m pytest tests/mpi"; \
-		LMDBIO_TEST_MPI_SIZE=$$n timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(abspath $(VPY)) -m pytest \
+		LMDBIO_TEST_MPI_SIZE=$$n $(MPI_YIELD) timeout -k 10 $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(abspath $(VPY)) -m pytest \
 			-p no:cacheprovider -q tests/mpi $(PYTEST_ARGS) || exit $$?; \
 	done
 

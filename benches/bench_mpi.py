@@ -30,7 +30,12 @@ local disk from a local directory evicted with data.mdb before each run):
               reads its contiguous shard (NVIDIA DALI's LMDB reader)
   posix       lmdbio.Reader(rank=, world_size=) per rank, no communicator
               (pread, 4 reader threads)
-  mpiio       lmdbio.Reader(comm=COMM_WORLD): MPI-IO collective reads
+  mpiio       lmdbio.Reader(comm=COMM_WORLD, engine="mpiio"): windows of
+              batches, dense ones through MPI-IO collective reads, sparse
+              ones through independent preads
+  comm_posix  lmdbio.Reader(comm=COMM_WORLD, engine="posix"): windows agreed
+              over the communicator, every one read with independent preads
+  default     lmdbio.Reader(comm=COMM_WORLD): the default engine
   node_local  lmdbio.Reader(comm=, node_local=True, node_size=ranks per node):
               one reader per (emulated) node, shared-memory window (LMM)
 
@@ -81,7 +86,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PEERS = ["caffe", "dali", "posix", "mpiio", "node_local"]
 RESULT_TAG = "BENCH_MPI_RESULT "
-READER_PEERS = ("posix", "mpiio", "node_local", "node_local_posix")
+READER_PEERS = ("posix", "mpiio", "default", "comm_posix", "node_local",
+                "node_local_posix")
 FORMS = ("first", "later")
 LATER_DIR = ".lmdbio-bench-index"  # the later start's cache, next to the data (fuse)
 
@@ -182,6 +188,20 @@ def peer_mpiio(path, rank, size, n_total, bs, comm, rpn, index_cache):
         return _reader_epoch(r)
 
 
+def peer_default(path, rank, size, n_total, bs, comm, rpn, index_cache):
+    import lmdbio
+    with lmdbio.Reader(path, batch_size=bs, comm=comm, lock=False,
+                       index_cache=index_cache) as r:
+        return _reader_epoch(r)
+
+
+def peer_comm_posix(path, rank, size, n_total, bs, comm, rpn, index_cache):
+    import lmdbio
+    with lmdbio.Reader(path, batch_size=bs, comm=comm, engine="posix",
+                       lock=False, index_cache=index_cache) as r:
+        return _reader_epoch(r)
+
+
 def peer_node_local(path, rank, size, n_total, bs, comm, rpn, index_cache):
     import lmdbio
     with lmdbio.Reader(path, batch_size=bs, comm=comm, engine="mpiio",
@@ -199,7 +219,8 @@ def peer_node_local_posix(path, rank, size, n_total, bs, comm, rpn, index_cache)
 
 
 WORKERS = dict(caffe=peer_caffe, dali=peer_dali, posix=peer_posix,
-               mpiio=peer_mpiio, node_local=peer_node_local,
+               mpiio=peer_mpiio, default=peer_default,
+               comm_posix=peer_comm_posix, node_local=peer_node_local,
                node_local_posix=peer_node_local_posix)
 
 
@@ -211,6 +232,8 @@ def worker(a):
     path = paths[min(rank // a.rpn, len(paths) - 1)]
     fn = WORKERS[a.peer]
     import lmdbio  # noqa: F401  (import before timing)
+    import lmdbio.reader  # noqa: F401  (lmdbio.Reader is imported lazily,
+    import lmdbio.mpi  # noqa: F401   with numpy: not the peer's epoch)
     import lmdb  # noqa: F401
     comm.Barrier()
     rb0, mf0, c0 = _read_bytes(), _majflt(), time.process_time()

@@ -3,17 +3,24 @@ cooperative record index, one reader per node and staggered reading.
 
 Everything here is collective over lmdbio's own duplicate of the user's
 communicator, so lmdbio's traffic never interleaves with the user's.  Every
-rank has the same number of batches (the sharding rule guarantees it), each
-batch is two collective steps (leaves, then overflow values), and after
-each step the ranks agree on the outcome: a corrupt page or a failed read
-on one rank raises the same exception, naming that rank, on every rank.
+rank has the same number of batches (the sharding rule guarantees it) and
+reads them a window of batches at a time; window sizes follow from values
+every rank agrees on, so the ranks stay in step.  A window is two steps
+(leaves, then overflow values), each one collective read (a dense window)
+or this rank's own concurrent reads (a sparse one), and after each step the
+ranks agree on the outcome: a corrupt page or a failed read on one rank
+raises the same exception, naming that rank, on every rank.
 """
+
+import time
 
 import numpy as np
 
 from lmdbio.errors import MDB_CORRUPTED, Error, make_error
 
 __all__ = ['MPIFile', 'Collective', 'NodeShare']
+
+_NONE = np.iinfo(np.int64).max  # "no rank failed" in first_failure
 
 
 def _mpi():
@@ -74,6 +81,21 @@ class MPIFile:
             self.fh = None
 
 
+def _wait(req):
+    """Wait for a non-blocking MPI request with short sleeps (a polling
+    wait would take the core of the rank being waited for when ranks
+    outnumber cores)."""
+    pause = 2e-5
+    while not req.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def barrier(comm):
+    """comm.Barrier(), waited on sleeping."""
+    _wait(comm.Ibarrier())
+
+
 class Collective:
     """Agreement helpers over lmdbio's communicator."""
 
@@ -87,6 +109,8 @@ class Collective:
         failing rank's exception, named), else return."""
         if isinstance(exc, BaseException) and not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt and friends are not agreed on
+        if self.first_failure(exc, 0) is None:
+            return None
         mine = None
         if exc is not None:
             mine = (type(exc).__name__, getattr(exc, 'code', None) or MDB_CORRUPTED,
@@ -101,6 +125,23 @@ class Collective:
             raise make_error('rank %d: %s' % (r, msg), code) from exc
         return None
 
+    def first_failure(self, exc, where):
+        """Collective: the smallest `where` (an int >= 0) of the ranks whose
+        exc is not None, or None when no rank failed."""
+        got = self.reduce(where if exc is not None else _NONE, 'MIN')
+        return None if got == _NONE else got
+
+    def reduce(self, value, op):
+        """Collective: MIN or MAX of every rank's int64.  A rank that
+        arrives early waits sleeping, not polling: with more ranks than
+        cores a polling wait takes the core from the rank it waits for
+        (MPICH's own waits poll; see the README on oversubscribing)."""
+        MPI = _mpi()
+        send = np.array([value], dtype=np.int64)
+        recv = np.empty(1, dtype=np.int64)
+        _wait(self.comm.Iallreduce(send, recv, op=getattr(MPI, op)))
+        return int(recv[0])
+
     def run(self, fn, *args):
         """fn(*args) on every rank, agreeing on failure; returns its result."""
         try:
@@ -112,6 +153,8 @@ class Collective:
 
     def bcast(self, obj, root=0):
         return self.comm.bcast(obj, root=root)
+
+
 
 
 def pin_snapshot(coll, bulk, txn_source=None):
@@ -224,7 +267,7 @@ class NodeShare:
             header = (pos, layout)
         else:
             header = None
-        self.node.Barrier()  # everyone is done with the previous batch
+        barrier(self.node)  # everyone is done with the previous batch
         header = self.node.bcast(header, root=0)
         total, layout = header
         self._ensure(total)
@@ -233,7 +276,7 @@ class NodeShare:
                 for place, arr in zip(ent, (kd, vd)):
                     if place is not None:
                         self.buf[place[0]:place[0] + place[1]] = arr
-        self.node.Barrier()
+        barrier(self.node)
         ent, koff, voff = layout[self.local_rank]
         views = [None if p is None else self.buf[p[0]:p[0] + p[1]]
                  for p in ent]

@@ -9,6 +9,7 @@ values read straight into the output).
 """
 
 import hashlib
+import logging
 import zlib
 import math
 import os
@@ -24,12 +25,13 @@ __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
 _INDEX_MAGIC = 0x6C6D6462696F6978  # "lmdbioix"
 _INDEX_VERSION = 3  # 3: CRC-32 digest
-_STOPPED = object()
+_log = logging.getLogger('lmdbio')
+_STOPPED = object()  # the prefetch thread was stopped by close()
 # A window's bytes at most (leaves, values, keys): windows of a few MiB stay
 # in the CPU's cache between the read and the copy into the batches, and a
 # fresh process faults in less new memory (measured: a hot 80 MB epoch in a
 # new process took 2x as long with 16 MiB windows as with 2-4 MiB ones).
-_WINDOW_BYTES = 4 << 20  # the prefetch thread was stopped by close()
+_WINDOW_BYTES = 4 << 20
 
 
 class Ragged:
@@ -267,6 +269,10 @@ class Reader:
         self._comm = self._coll = self._readers = self._mpifile = None
         self._group = None
         self._share = None
+        self._leaf_first = None  # the index's first ordinals (MPI windows)
+        # Under comm=: windows read, and how (collective MPI-IO or
+        # independent reads); a debug line on the "lmdbio" logger each.
+        self.mpi_stats = dict(windows=0, collective=0, independent=0)
         if comm is None and (engine == 'mpiio' or node_local):
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
@@ -287,7 +293,12 @@ class Reader:
                 raise ValueError('rank/world_size disagree with comm')
             rank, world_size = crank, csize
             if engine == 'auto':
-                engine = 'mpiio'
+                # Measured fastest under comm=, on a local disk and on an
+                # emulated shared filesystem (0.5 ms a request): windows of
+                # independent concurrent preads, the ranks agreeing once per
+                # window.  engine="mpiio" reads dense windows with MPI-IO's
+                # collective two-phase I/O instead.
+                engine = 'posix'
         else:
             engine = 'posix'
         self.engine = engine
@@ -469,10 +480,12 @@ class Reader:
                 self.seed, self.epoch, self.drop_last, self.batch_size))
         return self._order[1]
 
-    def _span(self):
-        """(first position, records) of this rank's share of the order:
-        the sharding rule (shard_order) without materialising the order."""
-        n, p, r = self.total_records, self.world_size, self.rank
+    def _span(self, rank=None):
+        """(first position, records) of this rank's (or `rank`'s) share of
+        the order: the sharding rule (shard_order) without materialising the
+        order."""
+        n, p = self.total_records, self.world_size
+        r = self.rank if rank is None else rank
         if n == 0:
             return 0, 0
         if self.drop_last:
@@ -481,10 +494,11 @@ class Reader:
         per = -(-n // p)
         return r * per, per
 
-    def _window_ordinals(self, start, stop):
-        """Ordinals at positions [start, stop) of this rank's share in the
-        current epoch (the permutation is drawn once per epoch)."""
-        first, _ = self._span()
+    def _window_ordinals(self, start, stop, rank=None):
+        """Ordinals at positions [start, stop) of this rank's (or `rank`'s)
+        share in the current epoch (the permutation is drawn once per
+        epoch)."""
+        first, _ = self._span(rank)
         pos = np.arange(first + start, first + stop, dtype=np.int64)
         if not self.drop_last:
             pos %= self.total_records
@@ -512,8 +526,6 @@ class Reader:
         if self._file is None:
             raise Error('%s: the Reader is closed' % self.path)
         ordinals = np.array(ordinals, dtype=np.int64)  # the Batch's own
-        if not independent and self._coll is not None:
-            return self._collective_step(ordinals)
         with self._io_lock:
             try:
                 kdata, koff, vdata, voff = self._file.read(
@@ -561,51 +573,188 @@ class Reader:
         new.txnid, new.newest = snap, newest
         return new
 
-    def _read_in_turns(self, ordinals):
-        """This reader's read, its io_group taking its turn; returns
-        (arrays, exception)."""
-        result = exc = None
+    # -- reading under MPI (comm=) ---------------------------------------
+    def _read_in_turns(self, ordinals, ends, collective):
+        """This reader's window, its io_group taking its turn: collective
+        MPI-IO (one Read_all per phase over the group) or this process's
+        own concurrent preads; returns (per-part arrays, leaf bytes,
+        exception)."""
+        from lmdbio.mpi import barrier
+        result, exc = (None, 0), None
         for turn in range(self._io_groups):
             if turn == self._my_turn:
                 try:
-                    agree = self._group.agree if self._mpifile else None
-                    result = self._file.read(ordinals, self.keys_wanted,
-                                             agree=agree)
+                    result = self._file.read_window(
+                        ordinals, ends, self.keys_wanted,
+                        agree=self._group.agree if collective else None,
+                        independent=not collective)
                 except Exception as e:
                     exc = e
             if self._io_groups > 1:
-                self._readers.comm.Barrier()
-        return result, exc
+                barrier(self._readers.comm)
+        return result[0], result[1], exc
 
-    def _collective_step(self, ordinals):
+    def _window_mode(self, ordinals):
+        """Collective: how to read the coming window.  Dense windows (an
+        ordered epoch: leaves next to each other) take MPI-IO's two-phase
+        collective reads with engine="mpiio"; sparse ones (a shuffled epoch:
+        a few records per leaf, leaves spread over the file), or any window
+        with engine="posix", independent preads with many in flight (a
+        collective read of scattered extents would read the gaps between
+        them).  Density: the share of the touched leaves' records the
+        window wants (of the first and last leaf: what it wants of them),
+        the smallest over the ranks (engine="mpiio"; the ranks then agree
+        on it).  Returns (collective, density)."""
+        density = 1.0
+        if ordinals is not None and len(ordinals):
+            # the share of the touched leaves' records that the window wants
+            first = self._leaf_first
+            if first is None:
+                first = self._leaf_first = \
+                    self._file.index_arrays()[1].astype(np.int64)
+            # (the first and last leaves count only what is wanted of them:
+            # a window of an ordered epoch starts and ends mid-leaf)
+            leaf, wanted = np.unique(np.searchsorted(first, ordinals,
+                                                     'right') - 1,
+                                     return_counts=True)
+            held = first[leaf + 1] - first[leaf]
+            held[0], held[-1] = wanted[0], wanted[-1]
+            density = min(1.0, len(ordinals) / float(max(held.sum(), 1)))
+        if self.engine != 'mpiio':
+            return False, density  # (this rank's, for the debug line)
+        # (as an int: Collective.reduce agrees on int64s)
+        density = self._coll.reduce(int(density * 1e6), 'MIN') / 1e6
+        return density >= 0.5, density
+
+    def _collective_step(self, start, stop):
+        """The batches at positions [start, stop) of every rank's share, as
+        one collective window: the ranks agree how to read it, read it (one
+        collective read per phase, or independent reads), agree on the
+        outcome, then cut batches locally.  With node_local the node's
+        leader reads every local rank's records and shares them through the
+        node's shared memory.  Returns (batches, bytes this reader read per
+        batch)."""
+        bs = self.batch_size
         share = self._share
+        mine = self._window_ordinals(start, stop)
+        nrec = stop - start
         if share is None:
-            result, exc = self._read_in_turns(ordinals)
-            self._coll.agree(exc)
-            kdata, koff, vdata, voff = result
+            ordinals = mine
+            ends = np.arange(bs, nrec + bs, bs, dtype=np.intp)
+            ends[-1] = nrec
+        elif share.is_leader:
+            # the node's window: each local rank's records, one part each
+            parts = [mine if g == self.rank else
+                     self._window_ordinals(start, stop, g)
+                     for g in share.members]
+            ordinals = np.concatenate(parts)
+            ends = np.cumsum([len(p) for p in parts]).astype(np.intp)
         else:
-            # One reader per node: the leader reads every local rank's
-            # records (their ordinals follow from the sharding rule).
-            parts = exc = None
+            ordinals = ends = None
+        collective, density = self._window_mode(ordinals)
+        st = self.mpi_stats
+        st['windows'] += 1
+        st['collective' if collective else 'independent'] += 1
+        _log.debug('rank %d: window of %d records at %d: %s (leaf density '
+                   '%.3f)', self.rank, nrec, start,
+                   'collective MPI-IO' if collective else 'independent reads',
+                   density)
+        arrays, leaf_bytes, exc = [], 0, None
+        if ordinals is not None:
+            arrays, leaf_bytes, exc = self._read_in_turns(ordinals, ends,
+                                                          collective)
+        self._coll.agree(exc)
+        size = leaf_bytes + sum(
+            len(a[2]) + (len(a[0]) if a[0] is not None else 0)
+            for a in arrays)
+        if share is not None:
+            parts = None
             if share.is_leader:
-                b = self._step_index
-                bs = self.batch_size
-                mine = [self._ordinals_of(g)[b * bs:(b + 1) * bs]
-                        for g in share.members]
-                result, exc = self._read_in_turns(np.concatenate(mine))
-                if exc is None:
-                    parts = _split(result, [len(m) for m in mine])
-            self._coll.agree(exc)
-            kdata, koff, vdata, voff = share.exchange(parts)
-        keys = Ragged(kdata, koff) if kdata is not None else None
-        return Batch(ordinals, keys, Ragged(vdata, voff))
+                parts = arrays
+            arrays = _split(share.exchange(parts),
+                            [min(bs, nrec - s) for s in range(0, nrec, bs)])
+        out, s = [], 0
+        for kdata, koff, vdata, voff in arrays:
+            n = len(voff) - 1
+            keys = Ragged(kdata, koff) if kdata is not None else None
+            out.append(Batch(mine[s:s + n], keys, Ragged(vdata, voff)))
+            s += n
+        return out, size * bs // max(nrec, 1)
 
-    def _ordinals_of(self, rank):
-        if rank == self.rank:
-            return self._ordinals()
-        return shard_order(self.total_records, rank, self.world_size,
-                           self.shuffle, self.seed, self.epoch,
-                           self.drop_last, self.batch_size)
+    def _iter_agreed(self, total):
+        """Under MPI with independent reads (engine="posix", no node
+        sharing, no staggering): the batches come from the prefetching
+        windows of the single-process path (no MPI call in its threads),
+        and the ranks agree on the outcome once per chunk of batches, in the
+        consumer's thread.  Chunk sizes follow from inputs every rank shares
+        (1, 2, 4, ... batches, at most what half of prefetch_bytes holds at
+        the file's bytes per record), so the ranks stay in step.  When any
+        rank failed within a chunk, every rank yields the batches before
+        the first failed one and raises."""
+        bs = self.batch_size
+        nbatches = -(-total // bs)
+        per_record = self._file.last_pg * self._file.psize / max(
+            self.total_records, 1)
+        if self.shuffle:  # a leaf read for about every record
+            per_record += self._file.psize
+        most = max(1, int(self.prefetch_bytes // 2 // (bs * per_record)))
+        batches = self._iter_windows(total)
+        pos, chunk, exc = 0, 1, None
+        try:
+            while pos < nbatches:
+                n = min(chunk, nbatches - pos)
+                got = []
+                if exc is None:
+                    try:
+                        for _ in range(n):
+                            got.append(next(batches))
+                    except StopIteration:
+                        exc = Error('%s: the epoch ended early' % self.path)
+                    except Exception as e:
+                        exc = e
+                first = self._coll.first_failure(exc, pos + len(got))
+                if first is not None:
+                    yield from got[:first - pos]
+                    self._coll.agree(exc)  # raises on every rank
+                self.mpi_stats['windows'] += 1
+                self.mpi_stats['independent'] += 1
+                yield from got
+                pos += n
+                chunk = min(2 * chunk, most)
+        finally:
+            batches.close()
+
+    def _iter_collective(self, total):
+        """Under MPI: windows of batches, each one collective step taken in
+        order on every rank (every rank has the same number of batches, and
+        the window sizes follow from values agreed by all, so the ranks stay
+        in step).  A window is at most half of prefetch_bytes on its reader
+        (a node's leader reads the node's window); the first is one batch,
+        so that the first batch comes quickly, and each is at most twice the
+        last.  A damaged window is read again batch by batch, so that every
+        batch before the damaged one is delivered."""
+        bs = self.batch_size
+        budget = max(1, self.prefetch_bytes // 2)
+        self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
+        pos, nbatch = 0, 1
+        while pos < total:
+            stop = min(total, pos + nbatch * bs)
+            try:
+                batches, per_batch = self._collective_step(pos, stop)
+            except Error:
+                if stop - pos <= bs:
+                    raise
+                for s in range(pos, stop, bs):  # every rank does the same
+                    yield from self._collective_step(s, min(stop, s + bs))[0]
+                pos = stop
+                continue
+            per_batch = max(1, self._coll.reduce(int(per_batch), 'MAX'))
+            nbatch = max(1, min(2 * nbatch, budget // per_batch))
+            pos = stop
+            for b in batches:
+                if self._file is None:  # closed while iterating
+                    raise Error('%s: the Reader was closed' % self.path)
+                yield b
 
     def read(self, indices):
         """One Batch holding the records at these ordinals, in this order
@@ -624,13 +773,13 @@ class Reader:
         if not total:
             return
         if self._coll is not None:
-            # Under MPI every batch is a collective step, taken in order on
-            # every rank; leaving an epoch early is collective too.
-            ordinals = self._ordinals()
-            bs = self.batch_size
-            for i, s in enumerate(range(0, total, bs)):
-                self._step_index = i
-                yield self._read(ordinals[s:s + bs], independent=False)
+            # Under MPI the ranks agree every few batches, in order on every
+            # rank; leaving an epoch early is collective too.
+            if self.engine == 'posix' and self._share is None and \
+                    self._io_groups == 1:
+                yield from self._iter_agreed(total)
+            else:
+                yield from self._iter_collective(total)
             return
         yield from self._iter_windows(total)
 
