@@ -26,7 +26,6 @@ __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 _INDEX_MAGIC = 0x6C6D6462696F6978  # "lmdbioix"
 _INDEX_VERSION = 3  # 3: CRC-32 digest
 _log = logging.getLogger('lmdbio')
-_STOPPED = object()  # the prefetch thread was stopped by close()
 # A window's bytes at most (leaves, values, keys): windows of a few MiB stay
 # in the CPU's cache between the read and the copy into the batches, and a
 # fresh process faults in less new memory (measured: a hot 80 MB epoch in a
