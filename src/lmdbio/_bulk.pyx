@@ -646,3 +646,28 @@ def plan_reads(offsets, lengths, size_t max_gap, size_t max_read):
                 for i in range(plan.nreads)]
     finally:
         lio_plan_free(&plan)
+
+
+def gather(src, starts, lengths, out, dst):
+    """Copies the items src[starts[i]:starts[i] + lengths[i]] to
+    out[dst[i]:dst[i] + lengths[i]], without the GIL: the Reader puts the
+    records of several environments back into a batch's order with it.
+    Every range is checked against its array first (ValueError)."""
+    cdef const uint8_t[::1] s = src
+    cdef uint8_t[::1] d = out
+    cdef int64_t[::1] st = np.ascontiguousarray(starts, dtype=np.int64)
+    cdef int64_t[::1] ln = np.ascontiguousarray(lengths, dtype=np.int64)
+    cdef int64_t[::1] ds = np.ascontiguousarray(dst, dtype=np.int64)
+    cdef Py_ssize_t i, n = st.shape[0]
+    cdef int64_t ssize = s.shape[0], dsize = d.shape[0]
+    if ln.shape[0] != n or ds.shape[0] != n:
+        raise ValueError('starts, lengths and dst differ in length')
+    for i in range(n):
+        if ln[i] < 0 or st[i] < 0 or ds[i] < 0 or \
+                st[i] > ssize - ln[i] or ds[i] > dsize - ln[i]:
+            raise ValueError('item %d lies outside its source or '
+                             'destination' % i)
+    with nogil:
+        for i in range(n):
+            if ln[i]:
+                memcpy(&d[ds[i]], &s[st[i]], <size_t>ln[i])

@@ -692,8 +692,11 @@ class DatumReader:
     channels / one (default: the ``transform``'s fields of those names).
     ``color``: ``"bgr"`` (default, Caffe's order) or ``"rgb"``, decoded
     before the transform (whose mean values follow the same order).
+    ``path`` may be a list of environments read as one dataset.
     ``len()``, ``num_records``, ``total_records``, ``set_epoch()``,
-    ``read(indices)`` and ``close()`` are the Reader's.
+    ``read(indices)`` and ``close()`` are the Reader's; ``state_dict()`` /
+    ``load_state_dict()`` resume mid-epoch, and a DatumReader pickles as
+    its arguments and position.
     """
 
     def __init__(self, path, *, transform=None, prefetch=2,
@@ -701,6 +704,12 @@ class DatumReader:
                  color='bgr', **reader_kwargs):
         from lmdbio.reader import Reader
         import inspect
+        self._path = ([os.fspath(p) for p in path]
+                      if isinstance(path, (list, tuple)) else os.fspath(path))
+        self._args = dict(transform=transform, prefetch=prefetch,
+                          decode_threads=decode_threads,
+                          force_color=force_color, force_gray=force_gray,
+                          color=color, **reader_kwargs)
         try:
             params = inspect.signature(Reader).parameters
         except (TypeError, ValueError):
@@ -719,6 +728,7 @@ class DatumReader:
                                getattr(t, 'force_gray', False))
         self.reader = Reader(path, **reader_kwargs)
         self._threads = []
+        self._received = 0  # batches the caller received this epoch
 
     # -- the Reader's sizes and controls ---------------------------------
     def __len__(self):
@@ -742,7 +752,26 @@ class DatumReader:
 
     def set_epoch(self, epoch):
         """Select the shuffle of epoch ``epoch`` (see Reader.set_epoch)."""
+        if int(epoch) != self.reader.epoch:
+            self._received = 0
         self.reader.set_epoch(epoch)
+
+    # -- resuming and pickling ---------------------------------------------
+    def state_dict(self):
+        """The Reader's :meth:`~lmdbio.Reader.state_dict`, counting the
+        batches this DatumReader handed out (not those decoded ahead)."""
+        state = self.reader.state_dict()
+        state['batches'] = int(self._received)
+        return state
+
+    def load_state_dict(self, state):
+        """Resume at ``state``: see :meth:`lmdbio.Reader.load_state_dict`."""
+        self.reader.load_state_dict(state)
+        self._received = self.reader._received
+
+    def __reduce__(self):
+        # arguments, transform and position travel; threads do not
+        return (_reopen_datum, (self._path, self._args, self.state_dict()))
 
     # -- decoding ---------------------------------------------------------
     def _convert(self, batch):
@@ -760,9 +789,12 @@ class DatumReader:
         return self._convert(self.reader.read(indices))
 
     def __iter__(self):
+        self._received = self.reader._start
         if self.prefetch <= 0:
             for batch in self.reader:
-                yield self._convert(batch)
+                data = self._convert(batch)
+                self._received += 1
+                yield data
             return
         def batches():
             it = iter(self.reader)
@@ -772,8 +804,10 @@ class DatumReader:
             finally:
                 it.close()  # stops the Reader's own prefetch at once
 
-        yield from prefetched(batches, self.prefetch, 'lmdbio-datum',
-                              self._threads)
+        for item in prefetched(batches, self.prefetch, 'lmdbio-datum',
+                               self._threads):
+            self._received += 1
+            yield item
 
     # -- lifetime ---------------------------------------------------------
     def close(self):
@@ -793,3 +827,14 @@ class DatumReader:
     def __repr__(self):
         return 'DatumReader(%r, batch_size=%d, transform=%r)' % (
             self.reader.path, self.reader.batch_size, self.transform)
+
+
+def _reopen_datum(path, args, state):
+    """Unpickle a DatumReader: reopen, then resume its position."""
+    reader = DatumReader(path, **args)
+    try:
+        reader.load_state_dict(state)
+    except BaseException:
+        reader.close()
+        raise
+    return reader

@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from lmdbio._bulk import BulkFile
+from lmdbio._bulk import BulkFile, gather
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
                            SnapshotChangedError)
 
@@ -31,6 +31,7 @@ _log = logging.getLogger('lmdbio')
 # fresh process faults in less new memory (measured: a hot 80 MB epoch in a
 # new process took 2x as long with 16 MiB windows as with 2-4 MiB ones).
 _WINDOW_BYTES = 4 << 20
+_STATE_VERSION = 1  # state_dict()'s layout
 
 
 class Ragged:
@@ -60,11 +61,13 @@ class Ragged:
         return iter(self.tolist())
 
     def tolist(self):
+        """The items as a list of bytes."""
         data = self.data.tobytes()
         off = self.offsets.tolist()
         return [data[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
     def lengths(self):
+        """The items' lengths, ``np.int64[n]``."""
         return np.diff(self.offsets)
 
     def fixed(self):
@@ -80,6 +83,8 @@ class Ragged:
         return self.data[start:start + n * width].reshape(n, width)
 
     def copy(self):
+        """A Ragged owning copies of ``data`` and ``offsets`` (a
+        ``node_local`` batch's views are reused at the next batch)."""
         return Ragged(self.data.copy(), self.offsets.copy())
 
     def __repr__(self):
@@ -87,7 +92,9 @@ class Ragged:
 
 
 class Batch:
-    """Records of one batch: ``indices`` (ordinals), ``keys``, ``values``."""
+    """Records of one batch: ``indices`` (``np.int64[n]``, their ordinals),
+    ``keys`` (a :class:`Ragged`, or None with ``keys=False``) and
+    ``values`` (a :class:`Ragged`)."""
 
     __slots__ = ('indices', 'keys', 'values')
 
@@ -100,6 +107,7 @@ class Batch:
         return len(self.indices)
 
     def copy(self):
+        """A Batch owning copies of its arrays (see :meth:`Ragged.copy`)."""
         return Batch(self.indices.copy(),
                      self.keys.copy() if self.keys is not None else None,
                      self.values.copy())
@@ -110,7 +118,9 @@ class Batch:
 
 def shard_order(n, rank, world_size, shuffle=False, seed=0, epoch=0,
                 drop_last=False, batch_size=1):
-    """The ordinals rank `rank` reads in epoch `epoch` (api.md's rule)."""
+    """The ordinals rank ``rank`` of ``world_size`` reads in epoch
+    ``epoch`` of ``n`` records: the sharding rule of :class:`Reader`
+    (``shuffle``, ``seed``, ``drop_last`` and ``batch_size`` as there)."""
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(n)
     else:
@@ -221,6 +231,119 @@ def _io_policy(storage):
     return gap, max_read, region, 16
 
 
+def _reopen(path, args, state):
+    """Unpickle a Reader: reopen with its arguments, resume its position."""
+    reader = Reader(path, **args)
+    try:
+        reader.load_state_dict(state)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+class _Parts:
+    """Several environments read as one: global ordinals run through the
+    first environment's records, then the second's...  Each part is a
+    single-environment Reader (its own snapshot, index and lock); a window
+    is split per environment, each part reads its records with one
+    read_window, and each batch's records are merged back into the
+    window's order."""
+
+    def __init__(self, readers):
+        self.readers = readers
+        counts = [r.total_records for r in readers]
+        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.starts[1:])
+        self.num_records = int(self.starts[-1])
+
+    def read(self, ordinals, keys, independent=True):
+        parts, _ = self.read_window(ordinals, [len(ordinals)], keys)
+        return parts[0]
+
+    def read_window(self, ordinals, ends, keys=True, independent=True,
+                    lane=0):
+        ordinals = np.ascontiguousarray(ordinals, dtype=np.int64)
+        ends = np.asarray(ends, dtype=np.intp)
+        nb, n = len(ends), len(ordinals)
+        counts = np.diff(ends, prepend=0)
+        batch_of = np.repeat(np.arange(nb), counts)
+        part_of = np.searchsorted(self.starts, ordinals, side='right') - 1
+        # Records grouped by part (stable: each part's records stay in the
+        # window's order), then by batch within the part.
+        order = np.argsort(part_of, kind='stable')
+        bounds = np.searchsorted(part_of[order], np.arange(len(self.readers)
+                                                           + 1))
+        got = []  # per part: (positions in the window, per-batch arrays)
+        leaf_bytes = 0
+        for p, r in enumerate(self.readers):
+            sel = order[bounds[p]:bounds[p + 1]]
+            if not len(sel):
+                continue
+            local = ordinals[sel] - self.starts[p]
+            pb = np.bincount(batch_of[sel], minlength=nb)
+            nonempty = np.nonzero(pb)[0]
+            pends = np.cumsum(pb[nonempty])
+            try:
+                arrays, lb = r._file.read_window(local, pends, keys,
+                                                 independent=True, lane=lane)
+            except (CorruptedError, PageNotFoundError) as e:
+                raise r._snapshot_changed(e) from e
+            if r._env is None:
+                r._check_snapshot()
+            leaf_bytes += lb
+            got.append((sel, nonempty, arrays))
+        # Per batch: each part's items copied to their places in the batch.
+        per_batch = [[] for _ in range(nb)]
+        for sel, nonempty, arrays in got:
+            start = 0
+            for j, a in zip(nonempty.tolist(), arrays):
+                k = len(a[3]) - 1
+                per_batch[j].append((sel[start:start + k], a))
+                start += k
+        out = []
+        first = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        for j in range(nb):
+            pieces = per_batch[j]
+            if len(pieces) == 1:
+                out.append(pieces[0][1])
+                continue
+            if not pieces:  # an empty read
+                empty = (np.zeros(0, dtype=np.uint8),
+                         np.zeros(1, dtype=np.int64))
+                out.append((empty if keys else (None, None)) + empty)
+                continue
+            res = []
+            for d, o in ((0, 1), (2, 3)):
+                if pieces[0][1][d] is None:
+                    res += [None, None]
+                    continue
+                lens = np.empty(ends[j] - first[j], dtype=np.int64)
+                for sel, a in pieces:
+                    lens[sel - first[j]] = np.diff(a[o])
+                offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+                np.cumsum(lens, out=offsets[1:])
+                data = np.empty(int(offsets[-1]), dtype=np.uint8)
+                for sel, a in pieces:  # a copy per environment, no GIL
+                    gather(a[d], a[o][:-1], np.diff(a[o]), data,
+                           offsets[sel - first[j]])
+                res += [data, offsets]
+            out.append(tuple(res))
+        return out, leaf_bytes
+
+    def stats(self):
+        reqs = nbytes = 0
+        for r in self.readers:
+            a, b = r.io_stats()
+            reqs += a
+            nbytes += b
+        return reqs, nbytes
+
+    def close(self):
+        for r in self.readers:
+            r.close()
+
+
 class _SlotSource:
     """Transactions of a lock=True Environment: the txnid a slot pins."""
 
@@ -238,9 +361,79 @@ class _SlotSource:
 
 
 class Reader:
-    """Bulk reader of one LMDB database: numpy batches, sharded, shuffled,
-    prefetched.  See api.md section 2 for the arguments and the sharding
-    rule.  ``len(reader)`` is the number of batches per epoch on this rank.
+    """Bulk reader of an LMDB database: numpy batches of records addressed
+    by ordinal (position in key order), sharded, shuffled, prefetched.
+
+    ``len(reader)`` is the number of batches per epoch on this rank; iterate
+    for :class:`Batch` objects, call :meth:`set_epoch` before each epoch and
+    :meth:`read` for random access.  The epoch's order is
+    ``np.random.default_rng([seed, epoch]).permutation(n)`` with
+    ``shuffle=True``, key order otherwise; rank ``r`` of ``world_size``
+    reads the ``r``-th contiguous block of ``ceil(n / world_size)``
+    positions of that order (wrapping around to the start), or with
+    ``drop_last=True`` of ``floor(n / world_size)`` positions cut to a
+    multiple of ``batch_size`` (:func:`shard_order`).
+
+    :meth:`state_dict` and :meth:`load_state_dict` save and restore the
+    position within an epoch; a Reader pickles as its arguments and that
+    position (never open files or threads) and reopens where it is
+    unpickled, e.g. in a spawn-started DataLoader worker.
+
+    Arguments:
+        path: The environment: a directory holding ``data.mdb``
+            (``subdir=True``) or the data file.  A list of environments
+            reads them as one dataset: ordinals run through the first
+            one's records in key order, then the second's, and so on;
+            ``total_records`` is the sum, sharding, shuffling and
+            :meth:`read` use these ordinals, and each environment keeps its
+            own snapshot and record index (not under MPI).
+        db: A named database (bytes or str); None: the main database.
+        subdir: ``path`` is a directory (True) or the data file.
+        batch_size: Records per batch (the last one of an epoch may be
+            smaller unless ``drop_last``).
+        comm: An mpi4py communicator: rank and world size come from it and
+            reads are collective MPI-IO (``engine="mpiio"``); iteration and
+            :meth:`close` are then collective.  Such a Reader cannot be
+            pickled (a communicator does not travel).
+        rank: This process's rank without ``comm`` (default 0).
+        world_size: The number of ranks without ``comm`` (default 1).
+        shuffle: Shuffle each epoch's order (seeded by ``seed`` and the
+            epoch).
+        seed: The shuffle's seed.
+        drop_last: Equal shares of whole batches only (the rest unread)
+            instead of padding by wrapping around.
+        engine: ``"auto"`` (MPI-IO with ``comm``, else ``pread``),
+            ``"posix"`` or ``"mpiio"``.
+        node_local: Under MPI, one leader per node reads the node's batches
+            into shared memory; its ranks get zero-copy views, valid until
+            they request the next batch.
+        node_size: Ranks per emulated node for ``node_local`` (default:
+            the ranks sharing memory).
+        io_groups: Under MPI, the reading ranks take turns in this many
+            groups (staggering).
+        hints: MPI-IO hints (a dict of str to str) for ``MPI.File.Open``.
+        prefetch_bytes: How many bytes of batches background threads read
+            ahead (no thread under MPI).
+        direct: Read with ``O_DIRECT`` (an error where the filesystem
+            refuses it).
+        lock: False (the default): take no reader slot; a writer two
+            commits past the snapshot makes the next batch raise
+            :class:`lmdbio.SnapshotChangedError`.  True: hold a reader slot
+            in the lock file for the Reader's lifetime, as a liblmdb reader
+            does, so a live writer cannot reuse the snapshot's pages.
+        index_cache: Where the record index is cached per snapshot: True
+            (``$XDG_CACHE_HOME/lmdbio``), a directory, or False (no cache).
+        keys: Return the keys too (``Batch.keys``); False saves reading
+            them.
+        threads: I/O threads reading a batch's extents in parallel.
+        cache: ``"keep"`` (default) leaves what was read in the page cache;
+            ``"drop"`` tells the kernel to drop the pages consumed behind
+            the reads (``POSIX_FADV_DONTNEED``), so an epoch over a dataset
+            larger than memory does not evict the machine's working set.
+        storage: How reads are planned: ``"local"`` (a local disk or SSD),
+            ``"network"`` (a parallel or network filesystem), or a pair
+            (seconds per request, bytes per second): a hole between needed
+            ranges is read through when that costs less than a request.
     """
 
     def __init__(self, path, *, db=None, subdir=True, batch_size=256,
@@ -250,6 +443,27 @@ class Reader:
                  prefetch_bytes=64 << 20, direct=False, lock=False,
                  index_cache=True, keys=True, threads=16, cache="keep",
                  storage="local"):
+        self._args = dict(
+            db=db, subdir=subdir, batch_size=batch_size, rank=rank,
+            world_size=world_size, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, engine=engine, node_local=node_local,
+            node_size=node_size, io_groups=io_groups, hints=hints,
+            prefetch_bytes=prefetch_bytes, direct=direct, lock=lock,
+            index_cache=index_cache, keys=keys, threads=threads, cache=cache,
+            storage=storage)
+        if isinstance(path, (list, tuple)):
+            paths = [os.fspath(p) for p in path]
+            if not paths:
+                raise ValueError('path: give at least one environment')
+        else:
+            paths = [os.fspath(path)]
+        self.paths = paths
+        self._parts = None  # several environments: one Reader each
+        if len(paths) > 1 and (comm is not None or engine == 'mpiio' or
+                               node_local):
+            raise ValueError('several environments are not supported under '
+                             'MPI (comm=, engine="mpiio", node_local) yet: '
+                             'give one path')
         if engine not in ('auto', 'posix', 'mpiio'):
             raise ValueError('engine must be "auto", "posix" or "mpiio"')
         if batch_size < 1:
@@ -259,7 +473,7 @@ class Reader:
                              % (cache,))
         self._policy = _io_policy(storage)
         self.cache = cache
-        self.path = os.fspath(path)
+        self.path = paths[0] if len(paths) == 1 else paths
         self._io_lock = threading.Lock()  # lane 0: iteration and read()
         self._lane_locks = (self._io_lock, threading.Lock())
         self._workers = []
@@ -313,12 +527,17 @@ class Reader:
         self.prefetch_bytes = int(prefetch_bytes)
         self.keys_wanted = bool(keys)
         self.epoch = 0
+        self._start = 0  # the batch the next iteration starts at
+        self._received = 0  # batches the caller received this epoch
         if isinstance(db, str):
             db = db.encode()
         self.db = db
         try:
-            self._open(subdir, direct, threads, lock, index_cache, node_size,
-                       io_groups, hints)
+            if len(paths) > 1:
+                self._open_parts()
+            else:
+                self._open(subdir, direct, threads, lock, index_cache,
+                           node_size, io_groups, hints)
         except BaseException:
             self.close()
             raise
@@ -328,9 +547,27 @@ class Reader:
         # Windows read so far, and the largest (bytes of leaves, values and
         # keys; batches): prefetching stays within prefetch_bytes.
         self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0}
-        max_gap, max_read, region, region_min = self._policy
-        self._file.set_policy(max_gap, max_read)
-        self._file.set_cache(region, region_min, cache == 'drop')
+        if self._parts is None:
+            self._records = [self.total_records]
+            self._txnids = [int(self._file.txnid)]
+            max_gap, max_read, region, region_min = self._policy
+            self._file.set_policy(max_gap, max_read)
+            self._file.set_cache(region, region_min, cache == 'drop')
+        else:
+            self._records = [r.total_records for r in self._parts]
+            self._txnids = [t for r in self._parts for t in r._txnids]
+            self.index_from_cache = all(r.index_from_cache
+                                        for r in self._parts)
+
+    def _open_parts(self):
+        """Several environments: a Reader each (its own snapshot, index
+        and lock), read together through _Parts."""
+        kw = dict(self._args, rank=None, world_size=None, shuffle=False,
+                  drop_last=False, batch_size=1)
+        self._parts = []
+        for p in self.paths:
+            self._parts.append(Reader(p, **kw))
+        self._file = _Parts(self._parts)
 
     def _collective(self, fn, *args):
         """fn on every rank, all raising if any failed (no MPI: just fn)."""
@@ -516,7 +753,84 @@ class Reader:
         return -(-self.num_records // self.batch_size)
 
     def set_epoch(self, epoch):
-        self.epoch = int(epoch)
+        """Select epoch ``epoch``'s shuffle for the next iteration (the
+        same epoch again keeps a position restored by
+        :meth:`load_state_dict`)."""
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._start = self._received = 0
+        self.epoch = epoch
+
+    # -- resuming and pickling ------------------------------------------
+    def state_dict(self):
+        """Where this Reader is: a small JSON-serialisable dict of the
+        epoch, the batches received this epoch (not those the prefetcher
+        read ahead) and what defines the order.  A Reader built with the
+        same arguments resumes there with :meth:`load_state_dict`."""
+        if self._coll is not None:
+            raise TypeError('state_dict() is not available under comm= yet')
+        seed = self.seed
+        if isinstance(seed, np.integer):
+            seed = int(seed)
+        return {'version': _STATE_VERSION, 'epoch': int(self.epoch),
+                'batches': int(self._received), 'seed': seed,
+                'shuffle': self.shuffle, 'rank': self.rank,
+                'world_size': self.world_size, 'drop_last': self.drop_last,
+                'batch_size': self.batch_size,
+                'total_records': int(self.total_records),
+                'records': [int(n) for n in self._records],
+                'txnids': list(self._txnids)}
+
+    def load_state_dict(self, state):
+        """Resume at ``state`` (from :meth:`state_dict`): the next
+        iteration yields the rest of that epoch, batch for batch.  A state
+        of another order (record count, sharding, batch size, seed,
+        snapshot...) raises ValueError naming the field."""
+        if self._coll is not None:
+            raise TypeError('load_state_dict() is not available under comm= '
+                            'yet')
+        if not isinstance(state, dict):
+            raise ValueError('state must be a dict from state_dict(), not %s'
+                             % type(state).__name__)
+        mine = self.state_dict()
+        for field in mine:
+            if field not in state:
+                raise ValueError('state: no field %r (not a Reader '
+                                 'state_dict?)' % field)
+        for field in mine:
+            if field in ('epoch', 'batches'):
+                continue
+            theirs = state[field]
+            if isinstance(theirs, tuple):
+                theirs = list(theirs)
+            if theirs != mine[field]:
+                raise ValueError(
+                    'state field %r is %r, but this Reader has %r: build the '
+                    'Reader with the arguments and data of the saved one'
+                    % (field, state[field], mine[field]))
+        try:
+            epoch, batches = int(state['epoch']), int(state['batches'])
+        except (TypeError, ValueError):
+            raise ValueError('state fields "epoch" and "batches" must be '
+                             'integers') from None
+        if epoch < 0:
+            raise ValueError('state field "epoch" must be >= 0, not %d'
+                             % epoch)
+        if not 0 <= batches <= len(self):
+            raise ValueError('state field "batches" is %d: this Reader has '
+                             '%d batches per epoch' % (batches, len(self)))
+        self.epoch = epoch
+        self._start = self._received = batches
+
+    def __reduce__(self):
+        # The path(s), the arguments and the position travel; open files,
+        # threads and buffers do not: the copy reopens.
+        if self._comm is not None:
+            raise TypeError('a Reader under MPI (comm=, engine="mpiio", '
+                            'node_local) cannot be pickled: a communicator '
+                            'does not travel; open a Reader in each process')
+        return (_reopen, (self.paths if self._parts is not None
+                          else self.path, self._args, self.state_dict()))
 
     # -- reading --------------------------------------------------------
     def _read(self, ordinals, independent=True):
@@ -542,6 +856,8 @@ class Reader:
         from the second transaction after it on, so a batch read before that
         came from intact pages; otherwise SnapshotChangedError, never a
         batch that may mix two snapshots."""
+        if self._parts is not None:
+            return  # each environment was checked by its own Reader
         snap = self._file.txnid
         newest = self._file.newest_txnid()
         if newest >= snap + 2:
@@ -558,7 +874,8 @@ class Reader:
         """Without a reader slot (lock=False) a damaged page met after a
         writer committed past the snapshot is most likely a page the writer
         reused: SnapshotChangedError says so (else exc itself)."""
-        if self._env is not None or self._file is None:
+        if self._env is not None or self._file is None or \
+                self._parts is not None:
             return exc
         snap = self._file.txnid
         newest = self._file.newest_txnid()
@@ -756,8 +1073,9 @@ class Reader:
                 yield b
 
     def read(self, indices):
-        """One Batch holding the records at these ordinals, in this order
-        (independent reads: not collective, even under MPI)."""
+        """A :class:`Batch` of the records at the ordinals ``indices``, in
+        that order (random access; independent of the epoch and shard, and
+        not collective even under MPI)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < 0 or
                              indices.max() >= self.total_records):
@@ -780,7 +1098,11 @@ class Reader:
             else:
                 yield from self._iter_collective(total)
             return
-        yield from self._iter_windows(total)
+        start, self._start = self._start, 0
+        self._received = start
+        if start * self.batch_size >= total:
+            return
+        yield from self._iter_windows(total, start * self.batch_size)
 
     def _window_batches(self, ordinals, lane=0):
         """The batches of one window, read together (leaves once each,
@@ -814,7 +1136,7 @@ class Reader:
             start = end
         return out, leaf_bytes
 
-    def _iter_windows(self, total):
+    def _iter_windows(self, total, first_pos=0):
         """Batches of this rank's share, read a window at a time by two
         prefetch threads (lanes): while one reads its window the other
         copies records out of its own, so both cores work.  A window is as
@@ -828,7 +1150,7 @@ class Reader:
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
         cond = threading.Condition()
         stop = threading.Event()
-        st = {'pos': 0, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
+        st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
               'running': lanes}
 
         def claim():
@@ -901,6 +1223,7 @@ class Reader:
         for b in first:
             if self._file is None:  # closed while iterating
                 raise Error('%s: the Reader was closed' % self.path)
+            self._received += 1
             yield b
         if st['pos'] >= total:
             return
@@ -930,6 +1253,7 @@ class Reader:
                 for b in batches:
                     if self._file is None:  # closed while iterating
                         raise Error('%s: the Reader was closed' % self.path)
+                    self._received += 1
                     yield b
                 if exc is not None:
                     raise exc
@@ -954,6 +1278,8 @@ class Reader:
             with self._lane_locks[0], self._lane_locks[1]:
                 self._file.close()
                 self._file = None
+        for part in getattr(self, '_parts', None) or []:
+            part.close()
         if self._mpifile is not None:
             self._mpifile.close()
             self._mpifile = None

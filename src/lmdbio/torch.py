@@ -98,7 +98,8 @@ class _ReaderHolder:
     def _init_reader(self, path, reader_kwargs, need_keys=True):
         if not need_keys and _reader_takes('keys'):
             reader_kwargs.setdefault('keys', False)
-        self.path = os.fspath(path)
+        self.path = ([os.fspath(p) for p in path]
+                     if isinstance(path, (list, tuple)) else os.fspath(path))
         self.reader_kwargs = dict(reader_kwargs)
         self._reader = None
         self._pid = None
@@ -168,7 +169,8 @@ class LMDBDataset(_ReaderHolder, Dataset):
     ``decode(value)`` (``decode(value, color=color)`` when color is given).  ``len(ds)`` is the
     number of records.  Negative indices count from the end.
 
-    ``path``, ``db``, ``subdir``, ``lock`` (default ``False``: no reader
+    ``path`` (or a list of paths: several environments as one dataset),
+    ``db``, ``subdir``, ``lock`` (default ``False``: no reader
     slot), ``index_cache`` and the other keyword arguments go to the
     :class:`lmdbio.Reader` that each process opens on first use (the
     dataset pickles without it, for DataLoader workers).
@@ -209,6 +211,21 @@ class LMDBDataset(_ReaderHolder, Dataset):
                 raise TypeError('index must be an int, not %s'
                                 % type(i).__name__) from None
         return self._items(self._get_reader().read(self._ordinals([i])))[0]
+
+    def state_dict(self):
+        """A map-style dataset has no position (the sampler has): the
+        record count, checked by :meth:`load_state_dict`."""
+        return {'total_records': int(len(self))}
+
+    def load_state_dict(self, state):
+        """Check that ``state`` comes from a dataset of as many records."""
+        if not isinstance(state, dict) or 'total_records' not in state:
+            raise ValueError('state: no field "total_records" (not an '
+                             'LMDBDataset state_dict?)')
+        if int(state['total_records']) != len(self):
+            raise ValueError('state field "total_records" is %r, but this '
+                             'dataset has %d records'
+                             % (state['total_records'], len(self)))
 
     def __getitems__(self, indices):
         """The items at these indices with one bulk read (the DataLoader
@@ -251,7 +268,8 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
 
     ``read_size``: records per bulk read when ``batch_size`` is None.
     ``prefetch``: how many reads a background thread runs ahead (0: none).
-    ``path``, ``db``, ``subdir``, ``lock`` (default ``False``: no reader
+    ``path`` (or a list of paths: several environments as one dataset),
+    ``db``, ``subdir``, ``lock`` (default ``False``: no reader
     slot), ``index_cache`` and the other keyword arguments go to the
     :class:`lmdbio.Reader` each process opens on first use.
     """
@@ -276,10 +294,53 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
         self.epoch = 0
         self._rank, self._world_size = rank, world_size
         _dist_rank_size(rank, world_size)  # validate now
+        self._skip = 0  # items the next iteration skips (load_state_dict)
+        self._yielded = 0  # items this process yielded this epoch
 
     def set_epoch(self, epoch):
-        """The epoch whose order the next iteration follows."""
-        self.epoch = int(epoch)
+        """The epoch whose order the next iteration follows (the same
+        epoch again keeps a position restored by :meth:`load_state_dict`)."""
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._skip = self._yielded = 0
+        self.epoch = epoch
+
+    def state_dict(self):
+        """Where this process's iteration is (in a DataLoader worker: that
+        worker's): a JSON-serialisable dict of the epoch, the items yielded
+        this epoch and what defines the order.  torchdata's
+        ``StatefulDataLoader`` saves it from each worker and hands it back
+        with :meth:`load_state_dict`."""
+        rank, world, wid, nworkers = self._where()
+        seed = self.seed
+        if isinstance(seed, np.integer):
+            seed = int(seed)
+        return {'epoch': int(self.epoch), 'items': int(self._yielded),
+                'seed': seed, 'shuffle': self.shuffle, 'rank': rank,
+                'world_size': world, 'worker': wid, 'num_workers': nworkers,
+                'drop_last': self.drop_last, 'batch_size': self.batch_size,
+                'total_records': int(self._record_count())}
+
+    def load_state_dict(self, state):
+        """Resume at ``state``: the next iteration yields the rest of that
+        epoch.  A state of another order (record count, sharding, worker
+        count, batch size...) raises ValueError naming the field."""
+        if not isinstance(state, dict):
+            raise ValueError('state must be a dict from state_dict(), not %s'
+                             % type(state).__name__)
+        mine = self.state_dict()
+        for field in mine:
+            if field not in state:
+                raise ValueError('state: no field %r (not an '
+                                 'LMDBIterableDataset state_dict?)' % field)
+            if field not in ('epoch', 'items') and state[field] != mine[field]:
+                raise ValueError('state field %r is %r, but this dataset has '
+                                 '%r' % (field, state[field], mine[field]))
+        epoch, items = int(state['epoch']), int(state['items'])
+        if epoch < 0 or items < 0:
+            raise ValueError('state fields "epoch" and "items" must be >= 0')
+        self.epoch = epoch
+        self._skip = self._yielded = items
 
     def _where(self):
         rank, world = _dist_rank_size(self._rank, self._world_size)
@@ -351,17 +412,22 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
     def __iter__(self):
         rank, world, wid, nworkers = self._where()
         ordinals = self.ordinals(rank, world, wid, nworkers)
+        skip, self._skip = self._skip, 0
+        self._yielded = skip
+        ordinals = ordinals[skip * (self.batch_size or 1):]
         decode = self.decode
         for batch in self._reads(ordinals):
             if self.batch_size is not None:
                 if decode is not None:
-                    yield decode(batch.values)
+                    item = decode(batch.values)
                 else:
-                    yield batch.keys.tolist(), batch.values.tolist()
+                    item = batch.keys.tolist(), batch.values.tolist()
+                self._yielded += 1
+                yield item
                 continue
             values = batch.values.tolist()
-            if decode is not None:
-                for v in values:
-                    yield decode(v)
-            else:
-                yield from zip(batch.keys.tolist(), values)
+            items = (map(decode, values) if decode is not None
+                     else zip(batch.keys.tolist(), values))
+            for item in items:
+                self._yielded += 1
+                yield item
