@@ -771,6 +771,10 @@ class DatumReader:
 
     def __reduce__(self):
         # arguments, transform and position travel; threads do not
+        if self.reader._comm is not None:
+            raise TypeError('a DatumReader under MPI (comm=) cannot be '
+                            'pickled: a communicator does not travel; open '
+                            'one in each process')
         return (_reopen_datum, (self._path, self._args, self.state_dict()))
 
     # -- decoding ---------------------------------------------------------
