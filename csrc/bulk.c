@@ -67,23 +67,6 @@ static int oom(lio_bulk *b)
     return lio_fail(&b->err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
 }
 
-static int reserve(void **arr, size_t *cap, size_t need, size_t elem)
-{
-    void *p;
-    size_t ncap;
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap : 64;
-    while (ncap < need)
-        ncap *= 2;
-    p = realloc(*arr, ncap * elem);
-    if (!p)
-        return -1;
-    *arr = p;
-    *cap = ncap;
-    return 0;
-}
-
 int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
                   const lio_dbrec *db, const lio_index *idx,
                   const lio_executor *ex, lio_error *err)
@@ -219,12 +202,6 @@ void lio_bulk_close(lio_bulk *b)
     free(b);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Load the distinct leaves of the batch, in page order. */
 static int load_leaves(lio_bulk *b)
 {
@@ -265,7 +242,7 @@ static int load_leaves(lio_bulk *b)
                 sorted = 0;
         }
         if (!sorted) /* appended databases keep key order on disk */
-            qsort(keyed, b->nleaves, 2 * sizeof *keyed, cmp_u64);
+            qsort(keyed, b->nleaves, 2 * sizeof *keyed, lio_cmp_u64);
         for (size_t i = 0; i < b->nleaves; i++) {
             pages[i] = keyed[2 * i];
             by_page[i] = (size_t)keyed[2 * i + 1];
@@ -321,7 +298,7 @@ static int arena_put(lio_bulk *b, const lio_val *v, uint64_t *at)
 {
     /* at least one byte: the arena is never NULL once a value is in it
      * (an empty value would otherwise make NULL + 0 pointers; fuzzing) */
-    if (reserve((void **)&b->arena, &b->arena_cap,
+    if (lio_grow((void **)&b->arena, &b->arena_cap,
                 b->arena_len + (v->size ? v->size : 1), 1))
         return oom(b);
     memcpy(b->arena + b->arena_len, v->data, v->size);
@@ -483,7 +460,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     b->nrecs = 0;
     b->nleaves = 0;
     b->arena_len = 0;
-    if (reserve((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
+    if (lio_grow((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
         return end_step(b, oom(b));
     leafof = malloc((n ? n : 1) * sizeof *leafof);
     if (!leafof)
@@ -512,14 +489,14 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         b->recs[i].ordinal = ord;
     }
     /* Distinct leaves, in key order (a sequential batch is sorted already). */
-    if (reserve((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
+    if (lio_grow((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
                 sizeof *b->leaves)) {
         rc = oom(b);
         goto out;
     }
     memcpy(b->leaves, leafof, n * sizeof *leafof);
     if (!ascending)
-        qsort(b->leaves, n, sizeof *b->leaves, cmp_u64);
+        qsort(b->leaves, n, sizeof *b->leaves, lio_cmp_u64);
     for (size_t i = 0; i < n; i++)
         if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
             b->leaves[b->nleaves++] = b->leaves[i];
@@ -662,7 +639,7 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
             nov++;
         }
     }
-    qsort(b->ov_order, nov, 2 * sizeof *b->ov_order, cmp_u64);
+    qsort(b->ov_order, nov, 2 * sizeof *b->ov_order, lio_cmp_u64);
     lio_plan_reset(&b->plan);
     for (size_t j = 0; j < nov; j++) {
         size_t i = (size_t)b->ov_order[2 * j + 1];

@@ -82,6 +82,9 @@ int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
 
 /* qsort order of uint64_t values. */
 int lio_cmp_u64(const void *a, const void *b);
+/* Grow *arr (*cap elements of elem bytes) to hold at least need elements,
+ * doubling; 0, or -1 (nothing changed) when memory runs out. */
+int lio_grow(void **arr, size_t *cap, size_t need, size_t elem);
 
 /* ---- key order (lmdb-format.md) --------------------------------------- */
 enum { LIO_CMP_MEMN, LIO_CMP_MEMNR, LIO_CMP_INT };

@@ -532,12 +532,6 @@ static uint8_t *around_map(lio_env *env, const lio_meta *snap)
     return env->around_map;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Pages this close are read in one request with the bytes between. */
 #define PREFETCH_GAP (4u << 12)
 
@@ -598,7 +592,7 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     } else {
         memcpy(want, pgnos, n * sizeof *want);
     }
-    qsort(want, n, sizeof *want, cmp_u64);
+    qsort(want, n, sizeof *want, lio_cmp_u64);
 
     if (!env->plan_ready) {
         /* (O_DIRECT cannot read gaps into the unaligned sink) */

@@ -31,23 +31,6 @@ void lio_plan_free(lio_plan *plan)
     memset(plan, 0, sizeof *plan);
 }
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap;
-    void *p;
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    p = realloc(*arr, ncap * elem);
-    if (!p)
-        return -1;
-    *arr = p;
-    *cap = ncap;
-    return 0;
-}
-
 static int add_seg(lio_plan *plan, uint8_t *dst, size_t len)
 {
     lio_read *r = &plan->reads[plan->nreads - 1];
@@ -60,7 +43,7 @@ static int add_seg(lio_plan *plan, uint8_t *dst, size_t len)
             return 0;
         }
     }
-    if (grow((void **)&plan->segs, &plan->segs_cap, plan->nsegs + 1,
+    if (lio_grow((void **)&plan->segs, &plan->segs_cap, plan->nsegs + 1,
              sizeof *plan->segs))
         return LIO_ENOMEM;
     plan->segs[plan->nsegs].dst = dst;
@@ -90,7 +73,7 @@ int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
             return rc ? rc : add_seg(plan, dst, len);
         }
     }
-    if (grow((void **)&plan->reads, &plan->reads_cap, plan->nreads + 1,
+    if (lio_grow((void **)&plan->reads, &plan->reads_cap, plan->nreads + 1,
              sizeof *plan->reads))
         return LIO_ENOMEM;
     plan->reads[plan->nreads].off = off;
