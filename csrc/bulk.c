@@ -172,6 +172,40 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
     }
 }
 
+void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
+{
+    const lio_index *idx = b->idx;
+    uint64_t total = idx->first[idx->nleaves], leaf = UINT64_MAX;
+    uint64_t *pages;
+    size_t np = 0;
+    int sorted = 1;
+    if (!b->region || !b->ex.advise || !n)
+        return;
+    pages = malloc(n * sizeof *pages);
+    if (!pages)
+        return; /* advice is optional */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t ord = (uint64_t)ordinals[i], pg;
+        if (ordinals[i] < 0 || ord >= total)
+            continue;
+        if (leaf == UINT64_MAX || ord < idx->first[leaf] ||
+            ord >= idx->first[leaf + 1])
+            leaf = lio_index_find(idx, ord);
+        pg = idx->leaf_pgno[leaf];
+        if (np && pages[np - 1] == pg)
+            continue;
+        if (pg * b->env->psize >= b->env->file_size)
+            continue; /* past the file: the read will say so */
+        if (np && pg < pages[np - 1])
+            sorted = 0;
+        pages[np++] = pg;
+    }
+    if (!sorted)
+        qsort(pages, np, sizeof *pages, lio_cmp_u64);
+    advise_regions(b, pages, np);
+    free(pages);
+}
+
 /* A collective executor needs every rank in every step: a step that failed
  * before reading, or has nothing to read, still joins with an empty plan.
  * Its own error is kept; the caller agrees on the outcome afterwards. */

@@ -316,6 +316,11 @@ void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
                         int drop);
 /* A new pass over the data (an epoch): regions may be advised again. */
 void lio_bulk_new_pass(lio_bulk *b);
+/* Read-ahead of records to come: advise the regions holding their leaves
+ * (by the rule of lio_bulk_set_cache) without reading anything, so the
+ * storage fetches them while the current window is read.  Out-of-range
+ * ordinals are ignored (they fail when read). */
+void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n);
 const lio_error *lio_bulk_error(const lio_bulk *b);
 void lio_bulk_close(lio_bulk *b);
 /* For collective executors (MPI-IO): each prepare and each fill runs the

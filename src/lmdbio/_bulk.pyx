@@ -454,6 +454,18 @@ cdef class BulkFile:
             if readers[i] != NULL:
                 lio_bulk_new_pass(readers[i])
 
+    def advise(self, ordinals, int lane=0):
+        """Ask the storage for the regions holding these records' leaves
+        (read-ahead of windows to come; nothing is read here)."""
+        cdef int64_t[::1] ords = np.ascontiguousarray(ordinals, dtype=np.int64)
+        cdef size_t n = ords.shape[0]
+        cdef lio_bulk *b
+        if self.bulk == NULL or n == 0:
+            return
+        b = self._independent(lane)
+        with nogil:
+            lio_bulk_advise(b, &ords[0], n)
+
     cdef lio_bulk *_new_bulk(self) except NULL:
         """Another batch reader over the POSIX pool, with this file's
         policies."""

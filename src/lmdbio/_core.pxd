@@ -236,6 +236,7 @@ cdef extern from "lmdbio.h" nogil:
     void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
                             int drop)
     void lio_bulk_new_pass(lio_bulk *b)
+    void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
 
 
 cdef extern from "lockfile.h" nogil:

@@ -261,6 +261,14 @@ class _Parts:
         parts, _ = self.read_window(ordinals, [len(ordinals)], keys)
         return parts[0]
 
+    def advise(self, ordinals, lane=0):
+        ordinals = np.asarray(ordinals, dtype=np.int64)
+        part_of = np.searchsorted(self.starts, ordinals, side='right') - 1
+        for p, r in enumerate(self.readers):
+            mine = ordinals[part_of == p]
+            if len(mine):
+                r._file.advise(mine - self.starts[p], lane)
+
     def read_window(self, ordinals, ends, keys=True, independent=True,
                     lane=0):
         ordinals = np.ascontiguousarray(ordinals, dtype=np.int64)
@@ -1136,6 +1144,25 @@ class Reader:
             start = end
         return out, leaf_bytes
 
+    def _new_pass(self):
+        """Before an epoch: regions may be read ahead again.  Where this
+        rank will need a good part of the file's leaves this epoch (the
+        whole epoch, or a shard with several records per leaf), every region
+        it touches is read whole on first touch (later windows find the
+        rest cached); otherwise only regions a window needs densely."""
+        files = [r._file for r in self._parts] \
+            if self._parts is not None else [self._file]
+        share = self.num_records / max(1, self.total_records)
+        region = self._policy[2]
+        with self._lane_locks[0], self._lane_locks[1]:
+            for f in files:
+                if f is None:
+                    continue
+                per_leaf = f.num_records / max(1, f.num_leaves)
+                need = 1 - (1 - min(share, 1.0)) ** per_leaf
+                f.set_cache(region, 1 if need >= 1 / 16 else 16,
+                            self.cache == 'drop')
+
     def _iter_windows(self, total, first_pos=0):
         """Batches of this rank's share, read a window at a time by two
         prefetch threads (lanes): while one reads its window the other
@@ -1148,6 +1175,7 @@ class Reader:
         lanes = len(self._lane_locks)
         budget = max(1, min(self.prefetch_bytes // (lanes + 2), _WINDOW_BYTES))
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
+        self._new_pass()
         cond = threading.Condition()
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
@@ -1194,6 +1222,14 @@ class Reader:
                     seq, start, nrec = claimed
                     batches = None
                     try:
+                        # Read-ahead: the storage fetches the next windows'
+                        # regions while this one is read.
+                        ahead = min(total, start + 3 * nrec)
+                        if ahead > start + nrec:
+                            with self._lane_locks[lane]:
+                                if self._file is not None:
+                                    self._file.advise(self._window_ordinals(
+                                        start + nrec, ahead), lane)
                         ordinals = self._window_ordinals(start, start + nrec)
                         batches, leaf_bytes = self._window_batches(ordinals,
                                                                    lane)
