@@ -8,7 +8,7 @@
 
 #include "lmdbio.h"
 
-/* ---- on-disk layout (lmdb-format.md) ---------------------------------- */
+/* ---- on-disk layout (docs/format.md) ---------------------------------- */
 #define PAGEHDRSZ 16
 #define NODEHDRSZ 8
 #define DBREC_SIZE 48
@@ -86,7 +86,7 @@ int lio_cmp_u64(const void *a, const void *b);
  * doubling; 0, or -1 (nothing changed) when memory runs out. */
 int lio_grow(void **arr, size_t *cap, size_t need, size_t elem);
 
-/* ---- key order (lmdb-format.md) --------------------------------------- */
+/* ---- key order (docs/format.md) --------------------------------------- */
 enum { LIO_CMP_MEMN, LIO_CMP_MEMNR, LIO_CMP_INT };
 /* liblmdb's comparators: memcmp then length, the same from the end, or
  * native unsigned integers compared over a's size. */

@@ -1,5 +1,5 @@
 /* Caffe Datum / BlobProto wire-format decoding and Caffe's DataTransformer
- * over a batch (datum.h, caffe-formats.md).
+ * over a batch (datum.h, docs/caffe-pytorch.md).
  *
  * The protobuf wire format: a message is a sequence of fields, each a tag
  * varint (field number << 3 | wire type) followed by a payload: 0 varint,

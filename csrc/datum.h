@@ -1,5 +1,5 @@
 /* lmdbio C core: Caffe Datum and BlobProto wire-format decoding, and
- * Caffe's DataTransformer over a whole batch (caffe-formats.md).
+ * Caffe's DataTransformer over a whole batch (docs/caffe-pytorch.md).
  *
  * No Python, no allocation: the caller sizes the outputs (a first parse
  * tells the shape), then one call decodes a whole batch of records stored

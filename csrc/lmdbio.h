@@ -1,6 +1,6 @@
 /* lmdbio C core: parse LMDB 0.9.x data files from explicit reads.
  *
- * Layering (design.md): the core never calls Python and never knows where
+ * Layering: the core never calls Python and never knows where
  * bytes come from.  It asks a lio_source for byte ranges and parses the
  * buffers it gets.  io_posix.c provides a pread/O_DIRECT source.
  *

@@ -1,5 +1,5 @@
 /* Read plans: requests in ascending file order, coalesced into few large
- * scatter reads (design.md: "merge adjacent and nearly adjacent extents"). */
+ * scatter reads: adjacent and nearly adjacent extents are merged. */
 #include <stdlib.h>
 
 #include "core.h"

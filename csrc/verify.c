@@ -1,5 +1,5 @@
 /* Structural verifier: walk every tree of a snapshot and check every
- * invariant of lmdb-format.md, reporting each problem with its page.
+ * invariant of the format (docs/format.md), reporting each problem with its page.
  *
  * Trees: the free DB, the main DB, every named DB, every duplicate sub-tree.
  * Checked: page headers and node bounds (lio_check_page), tree depth, page

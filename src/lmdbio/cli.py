@@ -59,7 +59,7 @@ def _mdb(name):
     """(code, text) of one liblmdb error, by py-lmdb's class name."""
     return _mdb_codes()[name]
 
-# On-disk constants (lmdb-format.md).
+# On-disk constants (docs/format.md).
 _P_META = 0x08
 _MDB_MAGIC = 0xBEEFC0DE
 _MDB_DATA_VERSION = 1

@@ -775,7 +775,9 @@ class DatumReader:
             raise TypeError('a DatumReader under MPI (comm=) cannot be '
                             'pickled: a communicator does not travel; open '
                             'one in each process')
-        return (_reopen_datum, (self._path, self._args, self.state_dict()))
+        from lmdbio.reader import _reopen
+        return (_reopen, (DatumReader, self._path, self._args,
+                          self.state_dict()))
 
     # -- decoding ---------------------------------------------------------
     def _convert(self, batch):
@@ -831,14 +833,3 @@ class DatumReader:
     def __repr__(self):
         return 'DatumReader(%r, batch_size=%d, transform=%r)' % (
             self.reader.path, self.reader.batch_size, self.transform)
-
-
-def _reopen_datum(path, args, state):
-    """Unpickle a DatumReader: reopen, then resume its position."""
-    reader = DatumReader(path, **args)
-    try:
-        reader.load_state_dict(state)
-    except BaseException:
-        reader.close()
-        raise
-    return reader

@@ -231,9 +231,10 @@ def _io_policy(storage):
     return gap, max_read, region, 16
 
 
-def _reopen(path, args, state):
-    """Unpickle a Reader: reopen with its arguments, resume its position."""
-    reader = Reader(path, **args)
+def _reopen(cls, path, args, state):
+    """Unpickle a Reader (or a DatumReader: cls): reopen with its
+    arguments, resume its position."""
+    reader = cls(path, **args)
     try:
         reader.load_state_dict(state)
     except BaseException:
@@ -837,7 +838,7 @@ class Reader:
             raise TypeError('a Reader under MPI (comm=, engine="mpiio", '
                             'node_local) cannot be pickled: a communicator '
                             'does not travel; open a Reader in each process')
-        return (_reopen, (self.paths if self._parts is not None
+        return (_reopen, (Reader, self.paths if self._parts is not None
                           else self.path, self._args, self.state_dict()))
 
     # -- reading --------------------------------------------------------
