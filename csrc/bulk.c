@@ -58,6 +58,7 @@ struct lio_bulk {
     size_t region;            /* read-ahead region bytes, 0: none */
     unsigned region_min;      /* needed leaves that make a region dense */
     int drop;                 /* drop what was read once consumed */
+    uint64_t drop_lo, drop_hi, drop_bytes; /* read since the last drop */
     uint8_t *advised;         /* one bit per region advised this pass */
     size_t advised_bytes;
 };
@@ -105,15 +106,39 @@ const lio_error *lio_bulk_error(const lio_bulk *b) { return &b->err; }
 
 void lio_bulk_set_collective(lio_bulk *b, int on) { b->collective = on; }
 
+/* Drop what was read since the last drop, as one span.  Dropping each
+ * read as soon as it was consumed leaves most pages cached (measured: 126
+ * of 157 MB after an epoch): the page cache holds files in large folios,
+ * which a drop frees only when it covers them whole.  A span of 16 MiB
+ * covers them; in a scattered order it also drops pages a later window
+ * needs, which that window then reads again (what cache="drop" asks). */
+#define DROP_SPAN (16u << 20)
+
+static void drop_read(lio_bulk *b)
+{
+    if (b->drop_bytes && b->ex.advise)
+        b->ex.advise(b->ex.ctx, b->drop_lo, b->drop_hi - b->drop_lo,
+                     LIO_ADVISE_DONTNEED);
+    b->drop_lo = b->drop_hi = b->drop_bytes = 0;
+}
+
 static int run_plan(lio_bulk *b)
 {
     int rc;
     b->ran = 1;
     rc = b->ex.run(b->ex.ctx, &b->plan, &b->err);
-    if (rc == 0 && b->drop && b->ex.advise)
-        for (size_t i = 0; i < b->plan.nreads; i++)
-            b->ex.advise(b->ex.ctx, b->plan.reads[i].off, b->plan.reads[i].len,
-                         LIO_ADVISE_DONTNEED);
+    if (rc == 0 && b->drop) {
+        for (size_t i = 0; i < b->plan.nreads; i++) {
+            uint64_t lo = b->plan.reads[i].off, hi = lo + b->plan.reads[i].len;
+            if (!b->drop_bytes || lo < b->drop_lo)
+                b->drop_lo = lo;
+            if (!b->drop_bytes || hi > b->drop_hi)
+                b->drop_hi = hi;
+            b->drop_bytes += hi - lo;
+        }
+        if (b->drop_bytes >= DROP_SPAN)
+            drop_read(b);
+    }
     return rc;
 }
 
@@ -128,6 +153,7 @@ void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
 
 void lio_bulk_new_pass(lio_bulk *b)
 {
+    drop_read(b);
     if (b->advised)
         memset(b->advised, 0, b->advised_bytes);
 }
@@ -232,6 +258,7 @@ void lio_bulk_close(lio_bulk *b)
     free(b->ov_order);
     free(b->ov_hdr);
     free(b->advised);
+    drop_read(b);
     lio_cursor_close(b->dupcur);
     free(b);
 }

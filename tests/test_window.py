@@ -326,3 +326,58 @@ def test_abandoned_epoch_frees_lanes(scattered_env):
             assert not any(t.name == "lmdbio-prefetch" and t.is_alive()
                            for t in threading.enumerate())
         assert sum(len(b) for b in r) == r.num_records
+
+
+def _resident_fraction(path):
+    """Share of a file's pages in the page cache: mincore over a mapping
+    that is never touched (the test's own probe; the library maps nothing)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        try:
+            npages = -(-size // mmap.PAGESIZE)
+            vec = (ctypes.c_ubyte * npages)()
+            assert libc.mincore(addr, size, vec) == 0
+            return sum(b & 1 for b in bytes(vec)) / npages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_cache_drop_leaves_the_page_cache_empty(tmp_path, shuffle):
+    """cache="drop" gives the same records and leaves (almost) nothing of
+    the file in the page cache; cache="keep" leaves it all (the probe
+    works)."""
+    items = [(b"d%06d" % i, value_of(i, 900)) for i in range(30000)]
+    write_items(str(tmp_path), items)
+    os.sync()   # dirty pages cannot be dropped
+    data = str(tmp_path / "data.mdb")
+    got = {}
+    for cache in ("keep", "drop"):
+        with open(data, "rb") as f:   # the whole file cached first
+            while f.read(1 << 20):
+                pass
+        with lmdbio.Reader(str(tmp_path), batch_size=100, shuffle=shuffle,
+                           cache=cache, index_cache=False) as r:
+            got[cache] = {i: v for b in r
+                          for i, v in zip(b.indices.tolist(),
+                                          b.values.tolist())}
+            after = _resident_fraction(data)
+        if cache == "keep":
+            assert after > 0.9, after
+        else:
+            assert after < 0.1, after
+    assert got["keep"] == got["drop"] == {i: v for i, (_, v) in
+                                          enumerate(items)}

@@ -1299,6 +1299,8 @@ class Reader:
             _stop_worker(worker)
             if worker in self._workers:
                 self._workers.remove(worker)
+            if self.cache == 'drop' and self._file is not None:
+                self._new_pass()  # drops what the last windows read
 
     # -- statistics and lifetime ----------------------------------------
     def io_stats(self):
