@@ -61,6 +61,7 @@ struct lio_bulk {
     uint64_t drop_lo, drop_hi, drop_bytes; /* read since the last drop */
     uint8_t *advised;         /* one bit per region advised this pass */
     size_t advised_bytes;
+    uint64_t advised_count;   /* bits set: all of the file's = nothing to do */
 };
 
 static int oom(lio_bulk *b)
@@ -154,6 +155,7 @@ void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
 void lio_bulk_new_pass(lio_bulk *b)
 {
     drop_read(b);
+    b->advised_count = 0;
     if (b->advised)
         memset(b->advised, 0, b->advised_bytes);
 }
@@ -190,6 +192,7 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
             }
             if (!(b->advised[byte] & (1u << (reg % 8)))) {
                 b->advised[byte] |= (uint8_t)(1u << (reg % 8));
+                b->advised_count++;
                 b->ex.advise(b->ex.ctx, reg * b->region, b->region,
                              LIO_ADVISE_WILLNEED);
             }
@@ -205,8 +208,9 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     uint64_t *pages;
     size_t np = 0;
     int sorted = 1;
-    if (!b->region || !b->ex.advise || !n)
-        return;
+    if (!b->region || !b->ex.advise || !n ||
+        b->advised_count >= (b->env->file_size + b->region - 1) / b->region)
+        return; /* every region of the file asked for this pass already */
     pages = malloc(n * sizeof *pages);
     if (!pages)
         return; /* advice is optional */
