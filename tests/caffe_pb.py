@@ -1,6 +1,6 @@
 """Caffe's Datum and BlobProto messages, defined through protobuf's
 descriptor API (no Caffe, no protoc): the oracle that lmdbio.datum is tested
-against.  Fields and numbers as Caffe 1.0's caffe.proto (caffe-formats.md).
+against.  Fields and numbers as Caffe 1.0's caffe.proto (docs/caffe-pytorch.md).
 
     from caffe_pb import Datum, DatumPacked, DatumExtra, BlobProto
     d = Datum(channels=3, height=2, width=2, data=b"...", label=-1)

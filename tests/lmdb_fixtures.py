@@ -27,7 +27,7 @@ OS_PAGE_SIZE = os.sysconf("SC_PAGESIZE")
 MAX_KEY_SIZE = 511  # liblmdb's default MDB_MAXKEYSIZE; also the dupsort value limit
 
 # ---------------------------------------------------------------------------
-# on-disk constants (lmdb-format.md)
+# on-disk constants (docs/format.md)
 
 PAGEHDRSZ = 16
 NODESZ = 8

@@ -1,4 +1,4 @@
-"""Focused tests of lmdbio's py-lmdb-compatible API (api.md section 1).
+"""Focused tests of lmdbio's py-lmdb-compatible API (docs/drop-in.md).
 
 Each test writes a small environment with py-lmdb, then opens it with py-lmdb
 (read-only, the reference) and with lmdbio side by side on the same path in

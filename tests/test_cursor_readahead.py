@@ -25,12 +25,14 @@ import pytest
 from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch,
                            sample_ops, write_env, write_items)
 
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import import_subject, require
+
+hypothesis = require("hypothesis", "pip install hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-lmdb = pytest.importorskip("lmdb")
-lmdbio = pytest.importorskip("lmdbio")
+lmdb = require("lmdb", "pip install lmdb")
+lmdbio = import_subject("lmdbio")
 
 SPECS = ["plain", "dupsort", "dupsort_dupfixed", "reversekey", "integerkey4"]
 

@@ -1,4 +1,4 @@
-"""lmdbio.datum (api.md section 3): the C Datum decoder, encode, read_mean,
+"""lmdbio.datum (docs/caffe-pytorch.md): the C Datum decoder, encode, read_mean,
 Transform and DatumReader.
 
 The oracle is protobuf itself: Caffe's Datum and BlobProto are defined

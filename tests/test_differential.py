@@ -15,7 +15,7 @@ hand-written files (see test_corrupt.py for psize handling on bad files).
 
 The subject is lmdbio, and py-lmdb itself as a check of this file's logic
 (conftest.subject_names).  lmdbio opens the *same path* the py-lmdb reference
-has open, with the default lock=True, as api.md requires; py-lmdb refuses a
+has open, with the default lock=True, as the drop-in API promises; py-lmdb refuses a
 second handle on one path in one process, so when the subject is py-lmdb it
 reads a byte copy of the environment instead.
 

@@ -193,7 +193,7 @@ def test_file_shrinks_under_a_reader(lmdbio, db, tmp_path):
 
 
 def test_truncated_before_open_is_page_not_found(lmdbio, db, tmp_path):
-    """A file that is already short is a structural error (api.md), not a
+    """A file that is already short is a structural error (docs/drop-in.md), not a
     disk error: the page is past the end of the file."""
     d = str(tmp_path / "env")
     os.makedirs(d)

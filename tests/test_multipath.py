@@ -19,7 +19,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from conftest import require_lmdbio
+from conftest import require, require_lmdbio
 
 try:
     import lmdbio
@@ -168,7 +168,7 @@ def test_bad_lists(envs, tmp_path):
 
 
 def test_under_mpi_refused(envs):
-    MPI = pytest.importorskip("mpi4py.MPI")
+    MPI = require("mpi4py.MPI", "pip install mpi4py mpich")
     with pytest.raises(ValueError, match="several environments"):
         Reader(envs, comm=MPI.COMM_SELF)
 

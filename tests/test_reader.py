@@ -1,4 +1,4 @@
-"""The bulk path (api.md section 2): lmdbio.Reader, Batch, Ragged, sharding.
+"""The bulk path (docs/reader.md): lmdbio.Reader, Batch, Ragged, sharding.
 
 py-lmdb is the oracle: every Reader output is compared with py-lmdb's cursor
 walk of the same file (ordinal = position in that walk).  Files are written
@@ -712,7 +712,7 @@ def test_ragged_api(mixed_env):
 
 
 def test_batch_owns_its_indices(shard_envs):
-    """A Batch owns its arrays (api.md): changing one in place affects
+    """A Batch owns its arrays (docs/reader.md): changing one in place affects
     neither the caller's input nor the reader's later epochs."""
     path = shard_envs[37]
     with lmdbio.Reader(path, batch_size=5, shuffle=True, seed=3,

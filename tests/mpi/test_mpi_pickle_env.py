@@ -7,10 +7,12 @@ import tempfile
 
 import pytest
 
-pytest.importorskip("mpi4py")
+from conftest import require
+
+require("mpi4py", "pip install mpi4py mpich")
 from mpi4py import MPI  # noqa: E402
 
-lmdb = pytest.importorskip("lmdb")
+lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
 comm = MPI.COMM_WORLD

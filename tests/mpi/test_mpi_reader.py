@@ -1,6 +1,6 @@
 """The Reader over a communicator (run under mpiexec -n 1, 2, 4 by make test).
 
-Every rank must get exactly the records the sharding rule of api.md gives
+Every rank must get exactly the records the documented sharding rule gives
 it, value for value equal to py-lmdb's; engines (POSIX, MPI-IO collective),
 one reader per node and staggered reading must agree; a corrupt page must
 raise on every rank.  Each test gathers its outcome from every rank before
