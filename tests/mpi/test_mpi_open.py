@@ -12,23 +12,11 @@ import pytest
 from conftest import require
 
 require("mpi4py", "pip install mpi4py mpich")
-from mpi4py import MPI  # noqa: E402
 
 lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
-comm = MPI.COMM_WORLD
-RANK = comm.Get_rank()
-
-
-def _all_ok(fn):
-    try:
-        fn()
-        err = None
-    except Exception as e:  # noqa: BLE001 - reported on every rank
-        err = "rank %d: %s: %s" % (RANK, type(e).__name__, e)
-    errs = [e for e in comm.allgather(err) if e]
-    assert not errs, "\n".join(errs)
+from mpi_support import RANK, all_ok, comm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +64,7 @@ def test_reads_like_pylmdb(db, engine, lock):
                 ids = comm.allgather(txn.id())
                 assert len(set(ids)) == 1
 
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_every_rank_reads_rank0s_snapshot(db):
@@ -92,7 +80,7 @@ def test_every_rank_reads_rank0s_snapshot(db):
                     seen = comm.allgather((txn.id(), txn.get(b"round")))
                     assert len(set(seen)) == 1, seen
 
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_missing_path_raises_everywhere():

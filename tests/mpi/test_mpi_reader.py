@@ -8,45 +8,20 @@ asserting, so one rank's failure fails all ranks instead of hanging them.
 """
 
 import os
-import shutil
 import struct
-import tempfile
 
 import pytest
 
 from conftest import require, spec_shard
 
 require("mpi4py", "pip install mpi4py mpich")
-from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
-comm = MPI.COMM_WORLD
-RANK, SIZE = comm.Get_rank(), comm.Get_size()
-
-
-def _all_ok(fn):
-    """Run fn on every rank; fail everywhere if it failed anywhere."""
-    try:
-        fn()
-        err = None
-    except Exception as e:  # noqa: BLE001 - reported below
-        err = "rank %d: %s: %s" % (RANK, type(e).__name__, e)
-    errs = [e for e in comm.allgather(err) if e]
-    assert not errs, "\n".join(errs)
-
-
-@pytest.fixture(scope="module")
-def shared_dir():
-    path = tempfile.mkdtemp(prefix="lmdbio-mpi-") if RANK == 0 else None
-    path = comm.bcast(path)
-    yield path
-    comm.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
+from mpi_support import RANK, SIZE, all_ok, comm, shared_dir  # noqa: E402,F401
 
 
 def _write(path, n, dupsort=False, seed=7):
@@ -118,26 +93,26 @@ def _check_epoch(path, items, db=None, **kw):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_sharding_rule(plain, engine, shuffle, drop_last):
     path, items = plain
-    _all_ok(lambda: _check_epoch(path, items, engine=engine, shuffle=shuffle,
+    all_ok(lambda: _check_epoch(path, items, engine=engine, shuffle=shuffle,
                                  seed=11, drop_last=drop_last))
 
 
 def test_dupsort_named(dups):
     path, items = dups
-    _all_ok(lambda: _check_epoch(path, items, db=b"d", shuffle=True))
+    all_ok(lambda: _check_epoch(path, items, db=b"d", shuffle=True))
 
 
 @pytest.mark.parametrize("engine", ["mpiio", "posix"])
 def test_node_local_matches(plain, engine):
     path, items = plain
-    _all_ok(lambda: _check_epoch(path, items, engine=engine, node_local=True,
+    all_ok(lambda: _check_epoch(path, items, engine=engine, node_local=True,
                                  node_size=2, shuffle=True, seed=3))
 
 
 def test_staggered_groups(plain):
     path, items = plain
-    _all_ok(lambda: _check_epoch(path, items, io_groups=2, shuffle=True))
-    _all_ok(lambda: _check_epoch(path, items, node_local=True, node_size=1,
+    all_ok(lambda: _check_epoch(path, items, io_groups=2, shuffle=True))
+    all_ok(lambda: _check_epoch(path, items, node_local=True, node_size=1,
                                  io_groups=3))
 
 
@@ -154,7 +129,7 @@ def test_engines_give_identical_batches(plain):
                               b.values.offsets.tolist()) for b in r])
         assert outs[0] == outs[1]
 
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_lock_pins_one_snapshot_everywhere(plain):
@@ -166,7 +141,7 @@ def test_lock_pins_one_snapshot_everywhere(plain):
                                                b.values.tolist())]
         assert len(got) == len(spec_shard(len(items), SIZE, RANK))
 
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_cooperative_index_and_cache(plain, tmp_path_factory):
@@ -182,7 +157,7 @@ def test_cooperative_index_and_cache(plain, tmp_path_factory):
                 b = r.read([0, len(items) - 1])  # independent, any rank
                 assert b.values.tolist() == [items[0][1], items[-1][1]]
 
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_corrupt_page_raises_on_every_rank(shared_dir):

@@ -18,9 +18,7 @@ Makefile's test-mpi and benches/bench_mpi.py do) so waiting ranks yield.
 """
 
 import os
-import shutil
 import struct
-import tempfile
 import time
 
 import pytest
@@ -28,36 +26,13 @@ import pytest
 from conftest import require, spec_shard
 
 require("mpi4py", "pip install mpi4py mpich")
-from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
-comm = MPI.COMM_WORLD
-RANK, SIZE = comm.Get_rank(), comm.Get_size()
-
-
-def _all_ok(fn):
-    """Run fn on every rank; fail everywhere if it failed anywhere."""
-    try:
-        fn()
-        err = None
-    except Exception as e:  # noqa: BLE001 - reported below
-        err = "rank %d: %s: %s" % (RANK, type(e).__name__, e)
-    errs = [e for e in comm.allgather(err) if e]
-    assert not errs, "\n".join(errs)
-
-
-@pytest.fixture(scope="module")
-def shared_dir():
-    path = tempfile.mkdtemp(prefix="lmdbio-mpiwin-") if RANK == 0 else None
-    path = comm.bcast(path)
-    yield path
-    comm.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
+from mpi_support import RANK, SIZE, all_ok, comm, shared_dir  # noqa: E402,F401
 
 
 def _write(path, n, seed=7, big_every=10, small=(0, 300)):
@@ -123,7 +98,7 @@ def _check_epochs(path, items, epochs=(0, 2), **kw):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_sharding_rule_with_windows(plain, engine, shuffle, drop_last):
     path, items = plain
-    _all_ok(lambda: _check_epochs(path, items, engine=engine, shuffle=shuffle,
+    all_ok(lambda: _check_epochs(path, items, engine=engine, shuffle=shuffle,
                                   seed=11, drop_last=drop_last))
 
 
@@ -131,14 +106,14 @@ def test_sharding_rule_with_windows(plain, engine, shuffle, drop_last):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_node_local_windows(plain, engine, shuffle):
     path, items = plain
-    _all_ok(lambda: _check_epochs(path, items, engine=engine, node_local=True,
+    all_ok(lambda: _check_epochs(path, items, engine=engine, node_local=True,
                                   node_size=2, shuffle=shuffle, seed=3))
 
 
 def test_staggered_windows(plain):
     path, items = plain
-    _all_ok(lambda: _check_epochs(path, items, io_groups=2, shuffle=True))
-    _all_ok(lambda: _check_epochs(path, items, node_local=True, node_size=1,
+    all_ok(lambda: _check_epochs(path, items, io_groups=2, shuffle=True))
+    all_ok(lambda: _check_epochs(path, items, node_local=True, node_size=1,
                                   io_groups=3, engine="mpiio"))
 
 
@@ -153,7 +128,7 @@ def test_small_prefetch_budget_still_exact(plain):
             got = [i for b in r for i in b.indices.tolist()]
             assert got == want
             assert r.mpi_stats["windows"] == len(r)
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_window_mode_follows_density(plain):
@@ -174,7 +149,7 @@ def test_window_mode_follows_density(plain):
         st = _check_epochs(path, items, engine="posix", batch_size=16,
                            epochs=(0,))
         assert st["collective"] == 0, st
-    _all_ok(run)
+    all_ok(run)
 
 
 def test_corrupt_page_raises_on_every_rank_with_windows(shared_dir):
@@ -281,4 +256,4 @@ def test_large_shuffled_epoch_is_fast(large, engine):
         assert n == len(want)
         assert nbytes == _expected_value_bytes(want)
         assert elapsed < limit, "shuffled epoch took %.1f s" % elapsed
-    _all_ok(run)
+    all_ok(run)
