@@ -26,6 +26,7 @@ Peers (``--peers``):
   lmdbio-reader    every record through ``lmdbio.Reader`` (one epoch)
   py-lmdb-get      ``txn.get(key)`` for every record in a shuffled order
                    (the permutation ``Reader(shuffle=True)`` uses, epoch 0)
+  lmdbio-get       the same loop with ``import lmdbio as lmdb`` (drop-in)
   lmdbio-shuffled  ``lmdbio.Reader(shuffle=True)``: the same order
   dali-shard       shard start, DALI-style: open, step a py-lmdb cursor from
                    the first record to shard RANK's start, read one batch
@@ -98,7 +99,8 @@ DEFAULT_SHARD = (7, 8)   # rank, world size of the shard-start peers
 OPEN_KW = dict(readonly=True, lock=False, readahead=True)
 
 ALL_PEERS = ["pread", "py-lmdb", "lmdbio", "lmdbio-reader", "py-lmdb-get",
-             "lmdbio-shuffled", "dali-shard", "caffe-shard", "reader-shard"]
+             "lmdbio-get", "lmdbio-shuffled", "dali-shard", "caffe-shard",
+             "reader-shard"]
 DEFAULT_PEERS = ["pread", "py-lmdb", "lmdbio", "lmdbio-reader"]
 READER_PEERS = ("lmdbio-reader", "lmdbio-shuffled", "reader-shard")
 SHARD_PEERS = ("dali-shard", "caffe-shard", "reader-shard")
@@ -443,8 +445,8 @@ def load_keys(file):
 
 
 class GetLoop:
-    """py-lmdb ``txn.get(key)`` for every key in a given order: what a
-    map-style dataset over py-lmdb does in a shuffled epoch."""
+    """``txn.get(key)`` for every key in a given order (py-lmdb, or lmdbio
+    as a drop-in): what a map-style dataset does in a shuffled epoch."""
 
     def __init__(self, mod, keys, open_kw=None):
         self.mod = mod
@@ -483,8 +485,8 @@ def prepare(spec, keys=None):
     if peer in ("py-lmdb", "lmdbio"):
         mod = pylmdb_module() if peer == "py-lmdb" else lmdbio_module()
         return lambda: (cursor_walk(mod, path, okw), {})
-    if peer == "py-lmdb-get":
-        loop = GetLoop(pylmdb_module(),
+    if peer in ("py-lmdb-get", "lmdbio-get"):
+        loop = GetLoop(pylmdb_module() if peer == "py-lmdb-get" else lmdbio_module(),
                        keys if keys is not None else load_keys(spec["keys_file"]),
                        okw)
         return lambda: (loop(path), {})
@@ -692,7 +694,7 @@ class Suite:
                     s["index_cache"] = self.later_dir if form == "later" else None
                     self.rows.append(Row(name, form, s, expect, "records"))
                 continue
-            if name == "py-lmdb-get":
+            if name in ("py-lmdb-get", "lmdbio-get"):
                 if self.keys is None:
                     ks = all_keys(pylmdb_module(), self.path, open_kw)
                     self.keys = [ks[i] for i in shuffled_order(len(ks)).tolist()]
