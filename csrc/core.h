@@ -147,14 +147,22 @@ struct lio_env {
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint8_t *around_sink;     /* where their unwanted pages are read */
     uint64_t around_bits;
+    uint64_t *ghost;          /* pgnos of lookup leaves recycled at once
+                               * (pager.c; ghost_size slots, hashed) */
+    size_t ghost_size;
 };
 
 /* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
  * A miss reads that page alone (read-ahead is lio_page_prefetch), except
- * with `around` while reads come from the device rather than the OS cache:
- * then the aligned block around it too. */
+ * with LIO_GET_AROUND while reads come from the device rather than the OS
+ * cache: then the aligned block around it too.  LIO_GET_ONCE: the leaf of
+ * a lookup, likely not wanted again soon (random gets over a file larger
+ * than the cache): once the cache is full it is recycled first, unless it
+ * was missed recently too (then it is kept like any page). */
+#define LIO_GET_AROUND 1
+#define LIO_GET_ONCE 2
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 int around, lio_page **out, lio_error *err);
+                 int how, lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);
 
 /* Page pgno of snapshot `snap` pinned if it is in the cache, unchecked

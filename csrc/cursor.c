@@ -144,8 +144,10 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int dir)
     /* From a slow device, read around branch pages and the leaves a seek
      * lands on (tree_prefetch took care of a walk's leaves). */
     rc = lio_page_get(c->cur->env, &c->cur->snap, pgno,
-                      !dir || level + 1 < c->db.depth, &pg,
-                      &c->cur->err);
+                      (!dir || level + 1 < c->db.depth ? LIO_GET_AROUND : 0) |
+                      (!dir && level > 0 && level + 1 == c->db.depth &&
+                       !c->subpage ? LIO_GET_ONCE : 0),
+                      &pg, &c->cur->err);
     if (rc)
         return rc;
     if ((rc = check_in_tree(c, pg->data, c->cur->env->psize, level, pgno))) {

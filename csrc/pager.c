@@ -338,12 +338,31 @@ static int around_done(const lio_env *env, uint64_t b)
            (env->around_map[b >> 3] & (1u << (b & 7)));
 }
 
+/* The admission filter of LIO_GET_ONCE: a lookup leaf missed twice while
+ * its pgno stayed in this small hashed table is wanted again; the others
+ * are recycled first.  So random lookups over a file larger than the cache
+ * reuse one entry that stays in the CPU's caches (instead of evicting
+ * useful pages for pages never seen again), while a working set that is
+ * looked up repeatedly is kept. */
+static int once_admit(lio_env *env, uint64_t pgno)
+{
+    uint64_t *slot;
+    if (!env->ghost || env->npages < env->max_pages)
+        return 1;   /* room to spare: keep everything */
+    slot = &env->ghost[(pgno * 0x9E3779B97F4A7C15ull >> 17) &
+                       (env->ghost_size - 1)];
+    if (*slot == pgno + 1)
+        return 1;
+    *slot = pgno + 1;
+    return 0;
+}
+
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
-                 int around, lio_page **out, lio_error *err)
+                 int how, lio_page **out, lio_error *err)
 {
     lio_page *pg, *e;
     uint64_t t0;
-    int rc;
+    int rc, around = (how & LIO_GET_AROUND) != 0, once = 0;
 
     *out = NULL;
     if (pgno > snap->last_pg || pgno < 2)
@@ -383,6 +402,8 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
             return LIO_SUCCESS;
         }
     }
+    if (how & LIO_GET_ONCE)
+        once = !once_admit(env, pgno);
     pg = take_entry(env);
     pthread_mutex_unlock(&env->lock);
     if (!pg)
@@ -422,6 +443,8 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         pg->prev = pg->next = NULL;
     }
     pin(env, pg);
+    if (once && pg->pins == 1)
+        pg->ra = RA_USED;   /* released to the cold end, recycled first */
     rc = validate(env, pg, err);
     pthread_mutex_unlock(&env->lock);
     if (rc) {
@@ -693,6 +716,7 @@ void lio_env_close(lio_env *env)
     }
     free(env->around_map);
     free(env->around_sink);
+    free(env->ghost);
     if (env->plan_ready)
         lio_plan_free(&env->plan);
     pthread_mutex_destroy(&env->ra_lock);
