@@ -116,7 +116,7 @@ int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
     }
     /* LIO_GET_ONCE's filter remembers about as many pages as the cache
      * holds (pager.c); without it every lookup leaf is kept. */
-    env->ghost_size = env->table_size / 2;
+    env->ghost_size = env->table_size;   /* a power of two >= 128 */
     env->ghost = calloc(env->ghost_size, sizeof *env->ghost);
     env->readahead_pages = readahead_bytes / env->psize;
     if (env->readahead_pages > env->max_pages / 4)

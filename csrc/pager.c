@@ -349,11 +349,13 @@ static int once_admit(lio_env *env, uint64_t pgno)
     uint64_t *slot;
     if (!env->ghost || env->npages < env->max_pages)
         return 1;   /* room to spare: keep everything */
+    /* buckets of two, the more recent first */
     slot = &env->ghost[(pgno * 0x9E3779B97F4A7C15ull >> 17) &
-                       (env->ghost_size - 1)];
-    if (*slot == pgno + 1)
+                       (env->ghost_size - 2)];
+    if (slot[0] == pgno + 1 || slot[1] == pgno + 1)
         return 1;
-    *slot = pgno + 1;
+    slot[1] = slot[0];
+    slot[0] = pgno + 1;
     return 0;
 }
 
