@@ -67,6 +67,10 @@ cdef class _Memory:
         free(self.ptr)
 
 
+# The Reader's largest window (reader.py's _WINDOW_BYTES).
+DEF _BLOCK_MIN = 4 << 20
+
+
 cdef class _MemoryPool:
     cdef list free_blocks          # (address, capacity) of idle blocks
     cdef size_t held, limit
@@ -98,8 +102,11 @@ cdef class _MemoryPool:
             m.ptr = <uint8_t *><size_t>addr
             m.cap = cap
         else:
-            cap = (need + 4095) & ~(<size_t>4095)
-            if posix_memalign(&p, 4096, cap if cap else 4096):
+            # At least _BLOCK_MIN: windows grow from one batch, and a block
+            # big enough for the next window is reused instead of faulting
+            # in fresh memory (its untouched pages cost nothing).
+            cap = (max(need, _BLOCK_MIN) + 4095) & ~(<size_t>4095)
+            if posix_memalign(&p, 4096, cap):
                 raise MemoryError()
             m.ptr = <uint8_t *>p
             m.cap = cap
