@@ -314,6 +314,26 @@ static lk_file *reg_find(const struct stat *st)
     return NULL;
 }
 
+/* Register descriptor fd (parked: no handle yet); NULL if out of memory. */
+static lk_file *reg_add(int fd, const struct stat *st, const char *path,
+                        int rdonly)
+{
+    lk_file *f = calloc(1, sizeof(*f));
+    if (f)
+        f->path = strdup(path);
+    if (!f || !f->path) {
+        free(f);
+        return NULL;
+    }
+    f->fd = fd;
+    f->dev = st->st_dev;
+    f->ino = st->st_ino;
+    f->rdonly = rdonly;
+    f->next = g_files;
+    g_files = f;
+    return f;
+}
+
 static void reg_unlink(lk_file *f)
 {
     lk_file **pp;
@@ -586,22 +606,13 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
              * open (rare; one descriptor). */
             f = g;
         } else {
-            f = calloc(1, sizeof(*f));
-            if (f)
-                f->path = strdup(lock_path);
-            if (!f || !f->path) {
-                free(f);
-                f = NULL;
+            f = reg_add(fd, &st, lock_path, 0);
+            if (!f) {
                 close(fd);
                 rc = set_err(err, LIO_ENOMEM, ENOMEM,
                              "lock file %s: out of memory", lock_path);
                 goto fail;
             }
-            f->fd = fd;
-            f->dev = st.st_dev;
-            f->ino = st.st_ino;
-            f->next = g_files;
-            g_files = f;
         }
     }
     if (f->refs == 0) {
@@ -1127,23 +1138,12 @@ int lio_lock_inspect(const char *lock_path, lio_lock_info *info,
          * liblmdb environment open here): register it, parked, and let
          * sweep_parked close it once that is safe. */
         if (fstat(fd, &st) == 0 && !reg_find(&st)) {
-            f = calloc(1, sizeof(*f));
-            if (f)
-                f->path = strdup(lock_path);
-            if (!f || !f->path) {
-                free(f);
-                f = NULL;
+            if (!reg_add(fd, &st, lock_path, rdonly)) {
                 close(fd);
                 pthread_mutex_unlock(&g_reg);
                 return set_err(err, LIO_ENOMEM, ENOMEM,
                                "lock file %s: out of memory", lock_path);
             }
-            f->fd = fd;
-            f->dev = st.st_dev;
-            f->ino = st.st_ino;
-            f->rdonly = rdonly;
-            f->next = g_files;
-            g_files = f;
         }
         /* else: fstat failed, or the path was just replaced by a file this
          * process holds: keep fd open (rare; one descriptor), as
