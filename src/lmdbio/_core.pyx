@@ -124,8 +124,8 @@ cdef object _core_error(what, int rc, const lio_error *err, path):
     compiled module raises through it).  Bad-file and I/O errors carry the
     core's message (which names the page), prefixed with `path`; the others
     read like py-lmdb's (``"what: reason"``).  ``what=None``: the core's
-    message, prefixed with `path`, whatever the code (the bulk reader's
-    errors, where no liblmdb operation names the failure)."""
+    message (prefixed with `path` unless None), whatever the code (the bulk
+    reader's errors, where no liblmdb operation names the failure)."""
     cdef int code = rc
     cdef int sys_errno = 0
     msg = None
@@ -142,8 +142,9 @@ cdef object _core_error(what, int rc, const lio_error *err, path):
         code = EINVAL_
     elif rc == LIO_ENOMEM:
         code = _errno.ENOMEM
-    if (msg is not None and path is not None
-            and (what is None or rc in _BAD_FILE_CODES)):
+    if msg is not None and what is None:
+        what = msg if path is None else '%s: %s' % (path, msg)
+    elif msg is not None and path is not None and rc in _BAD_FILE_CODES:
         what = '%s: %s' % (path, msg)
     return _make_error(what, code, sys_errno=sys_errno)
 
@@ -2278,7 +2279,8 @@ def _free_record(key, value):
 
 def _lock_inspect(lock_path):
     """What a liblmdb 0.9 opener would find in the lock file at `lock_path`,
-    read and probed without taking a lock (lio_lock_inspect): a dict of
+    read and probed without taking a lock (lio_lock_inspect; its errors
+    name the lock file): a dict of
     exists, live, max_readers, num_readers, slots (a list of (txnid, pid,
     tid, stale)), readers (mdb_reader_list's text) and readers_checked (the
     same without the stale slots, as after mdb_reader_check)."""
@@ -2291,7 +2293,7 @@ def _lock_inspect(lock_path):
     with nogil:
         rc = lio_lock_inspect(c, &info, &err)
     if rc:
-        raise _core_error(None, rc, &err, _os.fsdecode(cpath))
+        raise _core_error(None, rc, &err, None)
     try:
         return {
             'exists': bool(info.exists), 'live': bool(info.live),
