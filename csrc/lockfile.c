@@ -1,7 +1,11 @@
 /* lmdbio lock-file layer: liblmdb 0.9.x reader slots in lock.mdb.
  * See lockfile.h for the layout, the protocol and why each lock is of the
  * kind it is.  Facts come from liblmdb's mdb.c (mdb.RE/0.9); the code is
- * lmdbio's own. */
+ * lmdbio's own.
+ *
+ * Independent of the data-file layers: it shares only lmdbio.h's codes and
+ * lio_error, and learns the newest txnid through the caller's callback.
+ * May call: the C library (fcntl, mmap of the lock file, pthreads) only. */
 #define _GNU_SOURCE 1 /* F_OFD_SETLK / F_OFD_SETLKW / F_OFD_GETLK */
 
 #include "lockfile.h"

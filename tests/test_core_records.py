@@ -400,3 +400,20 @@ def test_lock_inspect_max_readers_from_the_file_size(tmp_path):
         assert info["max_readers"] == env.max_readers() == 500
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------------
+# error codes: the C core's (lmdbio.h) and Python's (lmdbio.errors) agree
+
+def test_error_codes_of_the_core_are_liblmdbs():
+    """Every LIO_* code lmdbio.h gives liblmdb's name is errors.py's number
+    for that name, and _core_error maps it to py-lmdb's class."""
+    from lmdbio import errors
+    header = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "csrc", "lmdbio.h")
+    pairs = re.findall(r"#define LIO_\w+ \((-\d+)\)\s*/\* (MDB_\w+)",
+                       open(header).read())
+    assert len(pairs) >= 8
+    for number, name in pairs:
+        assert getattr(errors, name) == int(number), name
+        assert errors.ERROR_MAP[int(number)].MDB_NAME == name

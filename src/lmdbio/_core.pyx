@@ -61,7 +61,6 @@ from libc.errno cimport errno, EINTR, EIO
 
 import errno as _errno
 import os as _os
-import struct as _struct
 import sys as _sys
 import weakref as _weakref
 

@@ -405,10 +405,8 @@ class _Env:
         self.txn = self.env.begin()
         return self.txn
 
-    def main_db(self):
-        return self.env.open_db(None, txn=self.txn, create=False)
-
-    def open_named(self, name):
+    def open_db(self, name):
+        """The main DB (name None) or a named one, in this transaction."""
         return self.env.open_db(name, txn=self.txn, create=False)
 
     def names(self):
@@ -637,6 +635,17 @@ def _fail(io, what, exc):
     return 1
 
 
+def _checked(io, backend, what, fn, *args):
+    """fn(*args); an LMDB error stops the command as the tools stop on a
+    failed call: "<what> failed, error N text" and exit status 1."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        raise _Exit(_fail(io, what, exc)) from None
+
+
 def _stat_body(io, env, o, subname):
     backend = env.backend
     meta = env.meta
@@ -662,12 +671,7 @@ def _stat_body(io, env, o, subname):
             # which mdb_stat returns as its exit status.
             return 1
 
-    try:
-        txn = env.begin()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_txn_begin", exc)
+    txn = _checked(io, backend, "mdb_txn_begin", env.begin)
 
     if o["f"]:
         io.write(b"Freelist Status\n")
@@ -676,19 +680,9 @@ def _stat_body(io, env, o, subname):
             io.error("%s: the freelist needs Environment._free_db(), which %s "
                      "lacks\n" % (_PROG, getattr(backend, "__name__", backend)))
             return 1
-        try:
-            free = hook()
-            cursor = txn.cursor(db=free)
-        except Exception as exc:
-            if not _is_lmdb_error(exc, backend):
-                raise
-            return _fail(io, "mdb_cursor_open", exc)
-        try:
-            st = txn.stat(free)
-        except Exception as exc:
-            if not _is_lmdb_error(exc, backend):
-                raise
-            return _fail(io, "mdb_stat", exc)
+        free = _checked(io, backend, "mdb_cursor_open", hook)
+        cursor = _checked(io, backend, "mdb_cursor_open", txn.cursor, free)
+        st = _checked(io, backend, "mdb_stat", txn.stat, free)
         _prstat(io, st)
         total = 0
         try:
@@ -701,18 +695,8 @@ def _stat_body(io, env, o, subname):
                 raise
         io.write(b"  Free pages: %d\n" % total)
 
-    try:
-        db = env.open_named(subname) if subname is not None else env.main_db()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_open", exc)
-    try:
-        st = txn.stat(db)
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_stat", exc)
+    db = _checked(io, backend, "mdb_open", env.open_db, subname)
+    st = _checked(io, backend, "mdb_stat", txn.stat, db)
     io.write(b"Status of %s\n" % (subname if subname is not None else b"Main DB"))
     _prstat(io, st)
 
@@ -730,18 +714,13 @@ def _stat_body(io, env, o, subname):
             if name is None:
                 break
             try:
-                db2 = env.open_named(name)
+                db2 = env.open_db(name)
             except Exception as exc:
                 if not _is_lmdb_error(exc, backend):
                     raise
                 continue
             io.write(b"Status of %s\n" % name)
-            try:
-                st = txn.stat(db2)
-            except Exception as exc:
-                if not _is_lmdb_error(exc, backend):
-                    raise
-                return _fail(io, "mdb_stat", exc)
+            st = _checked(io, backend, "mdb_stat", txn.stat, db2)
             _prstat(io, st)
     return 0
 
@@ -858,18 +837,8 @@ def _cmd_dump(prog, args, io, backend):
 
 def _dump_body(prog, io, env, o, subname, path):
     backend = env.backend
-    try:
-        txn = env.begin()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_txn_begin", exc)
-    try:
-        db = env.open_named(subname) if subname is not None else env.main_db()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_open", exc)
+    txn = _checked(io, backend, "mdb_txn_begin", env.begin)
+    db = _checked(io, backend, "mdb_open", env.open_db, subname)
 
     err = None
     try:
@@ -878,7 +847,7 @@ def _dump_body(prog, io, env, o, subname, path):
             for name in env.names():
                 count += 1
                 try:
-                    db2 = env.open_named(name)
+                    db2 = env.open_db(name)
                 except Exception as exc:
                     if not _is_lmdb_error(exc, backend):
                         raise
