@@ -399,6 +399,17 @@ static void reg_check_fork(void)
     g_reg_pid = me;
 }
 
+/* Take the registry (the caller unlocks g_reg), settle what fork() and
+ * parked descriptors left, and find the registered file at path. */
+static lk_file *reg_enter(const char *path)
+{
+    struct stat st;
+    pthread_mutex_lock(&g_reg);
+    reg_check_fork();
+    sweep_parked();
+    return stat(path, &st) == 0 ? reg_find(&st) : NULL;
+}
+
 /* The last handle on f went away (or attaching failed): unmap, release the
  * OFD byte-0 lock, park; then close whatever is safe to close. */
 static void release_file(lk_file *f)
@@ -577,11 +588,7 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
                        "lock file %s: cannot create a mutex", lock_path);
     }
 
-    pthread_mutex_lock(&g_reg);
-    reg_check_fork();
-    sweep_parked();
-    if (stat(lock_path, &st) == 0)
-        f = reg_find(&st);
+    f = reg_enter(lock_path);
     if (!f) {
         lk_file *g;
         int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, (mode_t)mode);
@@ -1119,11 +1126,7 @@ int lio_lock_inspect(const char *lock_path, lio_lock_info *info,
                        "lio_lock_inspect: bad argument");
     memset(info, 0, sizeof(*info));
     info->max_readers = LIO_DEFAULT_READERS;
-    pthread_mutex_lock(&g_reg);
-    reg_check_fork();
-    sweep_parked();
-    if (stat(lock_path, &st) == 0)
-        f = reg_find(&st);
+    f = reg_enter(lock_path);
     if (!f) {
         /* O_RDWR when allowed, so that lio_lock_open can reuse the
          * descriptor while it stays parked. */
