@@ -61,7 +61,11 @@ static inline const uint8_t *nd_data(const uint8_t *n) { return n + NODEHDRSZ + 
 
 void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db);
 
-/* A meta page's header and struct (avail bytes at p) into *m. */
+/* A meta page's header and struct (avail bytes at p) into *m, checked as
+ * liblmdb checks it when it opens an environment (P_META, magic, version). */
+int lio_parse_meta_header(const uint8_t *p, size_t avail, uint64_t pgno,
+                          lio_meta *m, lio_error *err);
+/* The same, and a page size lmdbio reads (a power of two, 512..32768). */
 int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
                    lio_meta *m, lio_error *err);
 

@@ -10,6 +10,9 @@
  *
  * As protobuf does, a known field number that arrives with a wire type other
  * than its own is an unknown field: skipped, not an error.
+ *
+ * Independent of the LMDB layers (it sees only value bytes).
+ * May call: the C library and pthreads only.
  */
 #include "datum.h"
 

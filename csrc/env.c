@@ -3,7 +3,8 @@
  *
  * Layer 4 of the core (after errors, page format and page cache).
  * May call: errors.c (lio_fail*), format.c (lio_parse_meta,
- * lio_check_snapshot) and pager.c (lio_read_range, lio_env_close). */
+ * lio_parse_meta_header, lio_check_snapshot), pager.c (lio_read_range,
+ * lio_env_close) and the lio_source it is given. */
 #include <stdlib.h>
 
 #include "core.h"
@@ -32,6 +33,49 @@ static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
                             "meta page %d: page size %u differs from meta "
                             "page 0's %u", i, metas[i].psize, env->psize);
     }
+    return LIO_SUCCESS;
+}
+
+/* liblmdb reads this much of each meta page (the page size it assumes
+ * before it knows the file's). */
+#define HEADER_READ 4096
+
+int lio_read_header(const lio_source *src, lio_meta *out, lio_error *err)
+{
+    uint8_t *buf;
+    lio_meta m[2];
+    uint64_t off = 0;
+    int rc = LIO_SUCCESS;
+
+    buf = malloc(HEADER_READ);
+    if (!buf)
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    for (int i = 0; i < 2; i++) {
+        int64_t n = src->read(src->ctx, off, buf, HEADER_READ);
+        if (n < 0) {
+            rc = lio_fail_sys(err, (int)-n, off, "cannot read a meta page");
+            break;
+        }
+        if (n != HEADER_READ) {
+            if (n == 0 && i == 0)
+                rc = lio_fail(err, LIO_INVALID, 0,
+                              "the data file is empty: not an LMDB file");
+            else
+                rc = lio_fail(err, LIO_INVALID, (uint64_t)i,
+                              "meta page %d is cut short by the end of the "
+                              "file: not an LMDB file", i);
+            break;
+        }
+        if ((rc = lio_parse_meta_header(buf, HEADER_READ, (uint64_t)i, &m[i],
+                                        err)))
+            break;
+        if (i == 0)
+            off = m[0].psize;
+    }
+    free(buf);
+    if (rc)
+        return rc;
+    *out = m[1].txnid > m[0].txnid ? m[1] : m[0];
     return LIO_SUCCESS;
 }
 

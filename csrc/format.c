@@ -19,6 +19,38 @@ void lio_parse_dbrec(const uint8_t *p, lio_dbrec *db)
     db->root = ld64(p + 40);
 }
 
+int lio_decode_dbrec(const uint8_t *p, size_t len, lio_dbrec *db)
+{
+    if (len != DBREC_SIZE)
+        return LIO_EINVAL;
+    lio_parse_dbrec(p, db);
+    return LIO_SUCCESS;
+}
+
+uint64_t lio_free_record(const uint8_t *p, size_t len, uint64_t *count)
+{
+    uint64_t have;
+    if (len < 8) {
+        *count = 0;
+        return 0;
+    }
+    *count = ld64(p);
+    have = (uint64_t)(len - 8) / 8;
+    return *count < have ? *count : have;
+}
+
+uint64_t lio_free_page(const uint8_t *p, uint64_t i)
+{
+    return ld64(p + 8 + 8 * i);
+}
+
+uint64_t lio_free_key(const uint8_t *p, size_t len)
+{
+    uint8_t b[8] = {0};
+    memcpy(b, p, len < 8 ? len : 8);
+    return ld64(b);
+}
+
 int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
 {
     if (db->flags & ~LIO_PERSISTENT_FLAGS)
@@ -45,11 +77,12 @@ int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err)
     return LIO_SUCCESS;
 }
 
-/* Check a meta page's header and struct; fill *m. */
-int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
-                   lio_meta *m, lio_error *err)
+/* What liblmdb checks of a meta page when it opens an environment
+ * (mdb_env_read_header): P_META, the magic, the data version; fill *m. */
+int lio_parse_meta_header(const uint8_t *p, size_t avail, uint64_t pgno,
+                          lio_meta *m, lio_error *err)
 {
-    uint32_t magic, version, psize;
+    uint32_t magic, version;
     if (avail < META_END)
         return lio_fail(err, LIO_INVALID, pgno,
                         "meta page %llu is truncated: not an LMDB file",
@@ -74,14 +107,26 @@ int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
         return lio_fail(err, LIO_VERSION_MISMATCH, pgno,
                         "meta page %llu: data format version %u, expected %u",
                         (unsigned long long)pgno, version, LMDB_DATA_VERSION);
+    m->address = ld64(p + 24);
     m->mapsize = ld64(p + 32);
     lio_parse_dbrec(p + 40, &m->free_db);
     lio_parse_dbrec(p + 88, &m->main_db);
     m->last_pg = ld64(p + 136);
     m->txnid = ld64(p + 144);
-    psize = m->free_db.pad;
-    m->psize = psize;
+    m->psize = m->free_db.pad;
     m->env_flags = m->free_db.flags;
+    return LIO_SUCCESS;
+}
+
+/* The header checks, then lmdbio's own: a page size lmdbio can read. */
+int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
+                   lio_meta *m, lio_error *err)
+{
+    uint32_t psize;
+    int rc = lio_parse_meta_header(p, avail, pgno, m, err);
+    if (rc)
+        return rc;
+    psize = m->psize;
     if (psize < 512 || psize > 32768 || (psize & (psize - 1)))
         return lio_fail(err, LIO_INVALID, pgno,
                         "meta page %llu: invalid page size %u",

@@ -3,7 +3,11 @@
  * LMDB's branch pages hold no subtree counts, so the index is built once
  * per snapshot from the branch levels (few pages) and the leaves' 16-byte
  * headers (whole leaves for DUPSORT trees, whose duplicates count), level
- * by level, each level read in page order through the executor. */
+ * by level, each level read in page order through the executor.
+ *
+ * Above the page cache, beside cursors and bulk reads.
+ * May call: errors.c, format.c (page and leaf-header checks,
+ * lio_leaf_dup_records), plan.c and pager.c (lio_check_extent). */
 #include <stdlib.h>
 
 #include "core.h"

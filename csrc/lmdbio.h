@@ -95,6 +95,7 @@ typedef struct lio_meta {
     uint32_t psize;
     uint32_t env_flags;      /* mm_dbs[0].md_flags (free DB + env flags) */
     uint64_t mapsize;
+    uint64_t address;        /* mm_address: fixed map address, 0 if none */
     uint64_t last_pg;
     uint64_t txnid;
     lio_dbrec free_db;       /* FREE_DBI */
@@ -118,6 +119,15 @@ uint32_t lio_env_psize(const lio_env *env);
 /* Re-read both meta pages (uncached) and return them; index 0 and 1. */
 int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err);
 
+/* Both meta pages as liblmdb reads them when it opens an environment
+ * (mdb_env_read_header): 4096 bytes of meta page 0 at offset 0, of meta
+ * page 1 at meta page 0's page size; each must have P_META, the magic and
+ * data version 1 (nothing more: lio_env_open checks more).  *out: the one
+ * with the greater txnid (meta page 0 on a tie), as liblmdb picks it.
+ * LIO_INVALID for a short (or empty) file or a bad header,
+ * LIO_VERSION_MISMATCH, LIO_SYSERR for a read error. */
+int lio_read_header(const lio_source *src, lio_meta *out, lio_error *err);
+
 /* The snapshot to read: txnid 0 = the newest committed one; otherwise the
  * meta page (txnid & 1), which must carry exactly that txnid (else
  * LIO_RETRY: a writer moved on; the lock layer re-reads its txnid). */
@@ -132,6 +142,22 @@ int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
 
 /* Validate a database record's flags (main DB or a named DB). */
 int lio_check_dbrec(const lio_dbrec *db, uint64_t pgno, lio_error *err);
+
+/* ---- records of the format (format.c: bytes in, no I/O) ---------------- */
+
+/* A database record (a named DB's value in the main DB, MDB_db): *db from
+ * its 48 bytes; LIO_EINVAL (nothing set) when len is not 48. */
+int lio_decode_dbrec(const uint8_t *p, size_t len, lio_dbrec *db);
+
+/* A free-DB record's value (its key is the freeing txnid): a uint64 page
+ * count, then that many page numbers.  *count: the count it records (0 if
+ * len < 8); returns how many page numbers the len bytes hold (at most
+ * *count).  lio_free_page(p, i), i below that: the i-th page number. */
+uint64_t lio_free_record(const uint8_t *p, size_t len, uint64_t *count);
+uint64_t lio_free_page(const uint8_t *p, uint64_t i);
+/* Its key: the txnid that freed the pages (a native uint64, MDB_INTEGERKEY;
+ * a shorter key reads as if padded with zero bytes). */
+uint64_t lio_free_key(const uint8_t *p, size_t len);
 
 /* ---- cursors -------------------------------------------------------- */
 

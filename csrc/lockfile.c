@@ -1,7 +1,11 @@
 /* lmdbio lock-file layer: liblmdb 0.9.x reader slots in lock.mdb.
  * See lockfile.h for the layout, the protocol and why each lock is of the
  * kind it is.  Facts come from liblmdb's mdb.c (mdb.RE/0.9); the code is
- * lmdbio's own. */
+ * lmdbio's own.
+ *
+ * Independent of the data-file layers: it shares only lmdbio.h's codes and
+ * lio_error, and learns the newest txnid through the caller's callback.
+ * May call: the C library (fcntl, mmap of the lock file, pthreads) only. */
 #define _GNU_SOURCE 1 /* F_OFD_SETLK / F_OFD_SETLKW / F_OFD_GETLK */
 
 #include "lockfile.h"
@@ -89,6 +93,8 @@ typedef struct lk_file {
     int fd;
     unsigned refs;          /* open lio_lock handles; 0 = parked */
     int inherited;          /* from the parent across fork(): never reuse */
+    int rdonly;             /* opened O_RDONLY by lio_lock_inspect: never
+                             * attached (a table needs O_RDWR) */
     int posix0;             /* scratch: /proc/locks shows our byte-0 lock */
     lk_table *t;            /* mapping, NULL while parked */
     size_t mapsize;
@@ -121,6 +127,7 @@ static int set_err(lio_error *err, int code, int sys, const char *fmt, ...)
         err->code = code;
         err->sys_errno = sys;
         err->pgno = UINT64_MAX;
+        err->off = UINT64_MAX; /* not a read of the data file */
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
         va_end(ap);
@@ -300,6 +307,37 @@ static void scan_proc_locks(void)
     fclose(fp);
 }
 
+/* The registered descriptor on this inode that a handle may use. */
+static lk_file *reg_find(const struct stat *st)
+{
+    lk_file *f;
+    for (f = g_files; f; f = f->next)
+        if (!f->inherited && !f->rdonly && f->dev == st->st_dev &&
+            f->ino == st->st_ino)
+            return f;
+    return NULL;
+}
+
+/* Register descriptor fd (parked: no handle yet); NULL if out of memory. */
+static lk_file *reg_add(int fd, const struct stat *st, const char *path,
+                        int rdonly)
+{
+    lk_file *f = calloc(1, sizeof(*f));
+    if (f)
+        f->path = strdup(path);
+    if (!f || !f->path) {
+        free(f);
+        return NULL;
+    }
+    f->fd = fd;
+    f->dev = st->st_dev;
+    f->ino = st->st_ino;
+    f->rdonly = rdonly;
+    f->next = g_files;
+    g_files = f;
+    return f;
+}
+
 static void reg_unlink(lk_file *f)
 {
     lk_file **pp;
@@ -359,6 +397,17 @@ static void reg_check_fork(void)
         }
     }
     g_reg_pid = me;
+}
+
+/* Take the registry (the caller unlocks g_reg), settle what fork() and
+ * parked descriptors left, and find the registered file at path. */
+static lk_file *reg_enter(const char *path)
+{
+    struct stat st;
+    pthread_mutex_lock(&g_reg);
+    reg_check_fork();
+    sweep_parked();
+    return stat(path, &st) == 0 ? reg_find(&st) : NULL;
 }
 
 /* The last handle on f went away (or attaching failed): unmap, release the
@@ -539,14 +588,7 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
                        "lock file %s: cannot create a mutex", lock_path);
     }
 
-    pthread_mutex_lock(&g_reg);
-    reg_check_fork();
-    sweep_parked();
-    if (stat(lock_path, &st) == 0) {
-        for (f = g_files; f; f = f->next)
-            if (!f->inherited && f->dev == st.st_dev && f->ino == st.st_ino)
-                break;
-    }
+    f = reg_enter(lock_path);
     if (!f) {
         lk_file *g;
         int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, (mode_t)mode);
@@ -568,31 +610,20 @@ int lio_lock_open(lio_lock **out, const char *lock_path, unsigned mode,
             close(fd); /* not registered: no lock of ours on it */
             goto fail;
         }
-        for (g = g_files; g; g = g->next)
-            if (!g->inherited && g->dev == st.st_dev && g->ino == st.st_ino)
-                break;
+        g = reg_find(&st);
         if (g) {
             /* The path was replaced under us by a file we already hold.
              * Closing this descriptor would drop our locks on it: keep it
              * open (rare; one descriptor). */
             f = g;
         } else {
-            f = calloc(1, sizeof(*f));
-            if (f)
-                f->path = strdup(lock_path);
-            if (!f || !f->path) {
-                free(f);
-                f = NULL;
+            f = reg_add(fd, &st, lock_path, 0);
+            if (!f) {
                 close(fd);
                 rc = set_err(err, LIO_ENOMEM, ENOMEM,
                              "lock file %s: out of memory", lock_path);
                 goto fail;
             }
-            f->fd = fd;
-            f->dev = st.st_dev;
-            f->ino = st.st_ino;
-            f->next = g_files;
-            g_files = f;
         }
     }
     if (f->refs == 0) {
@@ -875,41 +906,292 @@ static void put(char *buf, size_t cap, size_t *len, const char *s)
     *len += n;
 }
 
+/* One line of mdb_reader_list (after its heading, for the first one). */
+static void put_reader(char *buf, size_t cap, size_t *len, int *first,
+                       pid_t pid, size_t tid, size_t txnid)
+{
+    char line[80];
+    if (txnid == LK_IDLE)
+        snprintf(line, sizeof(line), "%10d %zx -\n", (int)pid, tid);
+    else
+        snprintf(line, sizeof(line), "%10d %zx %zu\n", (int)pid, tid, txnid);
+    if (*first) {
+        put(buf, cap, len, "    pid     thread     txnid\n");
+        *first = 0;
+    }
+    put(buf, cap, len, line);
+}
+
+static size_t end_list(char *buf, size_t cap, size_t len, int first)
+{
+    if (first)
+        put(buf, cap, &len, "(no active readers)\n");
+    if (cap)
+        buf[len < cap ? len : cap - 1] = '\0';
+    return len;
+}
+
 size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
 {
     size_t len = 0;
+    int first = 1;
     if (!buf)
         cap = 0;
     if (!lk || !lk->f->t) {
         put(buf, cap, &len, "(no reader locks)\n");
-    } else {
+        if (cap)
+            buf[len < cap ? len : cap - 1] = '\0';
+        return len;
+    }
+    {
         const lk_file *f = lk->f;
         unsigned n = used_slots(f), i;
-        int first = 1;
         for (i = 0; i < n; i++) {
             const lk_slot *s = &f->t->slots[i];
             pid_t pid = LD(&s->b.pid);
-            lk_txnid id;
-            char line[80];
-            if (!pid)
-                continue;
-            id = LD(&s->b.txnid);
-            if (id == LK_IDLE)
-                snprintf(line, sizeof(line), "%10d %zx -\n", (int)pid,
-                         (size_t)s->b.tid);
-            else
-                snprintf(line, sizeof(line), "%10d %zx %zu\n", (int)pid,
-                         (size_t)s->b.tid, (size_t)id);
-            if (first) {
-                put(buf, cap, &len, "    pid     thread     txnid\n");
-                first = 0;
-            }
-            put(buf, cap, &len, line);
+            if (pid)
+                put_reader(buf, cap, &len, &first, pid, (size_t)s->b.tid,
+                           (size_t)LD(&s->b.txnid));
         }
-        if (first)
-            put(buf, cap, &len, "(no active readers)\n");
     }
-    if (cap)
-        buf[len < cap ? len : cap - 1] = '\0';
-    return len;
+    return end_list(buf, cap, len, first);
+}
+
+/* ---- inspection (probe only) --------------------------------------------- */
+
+/* Does a process other than this one (or an open file description other
+ * than this process's own) hold a lock on byte 0?  An error counts as no. */
+static int byte0_held(int fd)
+{
+    struct flock fl;
+    for (;;) {
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = 0;
+        fl.l_len = 1;
+        if (fcntl(fd, F_GETLK, &fl) == 0)
+            return fl.l_type != F_UNLCK;
+        if (errno != EINTR)
+            return 0;
+    }
+}
+
+/* pread all of len bytes at off: 0, 1 (the file ends first) or an errno. */
+static int pread_all(int fd, void *buf, size_t len, off_t off)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t n = pread(fd, p, len, off);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (n == 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+        off += n;
+    }
+    return 0;
+}
+
+static int cmp_pid(const void *a, const void *b)
+{
+    pid_t x = *(const pid_t *)a, y = *(const pid_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The table as lio_lock_inspect reports it, read from fd. */
+static int inspect_fd(int fd, const char *path, lio_lock_info *info,
+                      lio_error *err)
+{
+    struct stat st;
+    off_t size, rsize;
+    lk_head h;
+    pid_t me = getpid(), *dead = NULL;
+    size_t ndead = 0, i, n;
+    unsigned count;
+    int rc;
+
+    if (fstat(fd, &st) != 0)
+        return sys_err(err, errno, path, "fstat");
+    size = st.st_size;
+    info->live = byte0_held(fd);
+    rsize = (off_t)(LIO_DEFAULT_READERS - 1) * (off_t)sizeof(lk_slot) +
+            (off_t)sizeof(lk_table);
+    if (info->live || size >= rsize) {
+        off_t maxr;
+        if (size < (off_t)sizeof(lk_table))
+            return set_err(err, LIO_INVALID, 0,
+                           "lock file %s: %lld bytes, too short for an LMDB "
+                           "lock file (at least %u)", path, (long long)size,
+                           (unsigned)sizeof(lk_table));
+        maxr = (size - (off_t)sizeof(lk_table)) / (off_t)sizeof(lk_slot) + 1;
+        info->max_readers = maxr > (off_t)UINT32_MAX ? UINT32_MAX
+                                                     : (unsigned)maxr;
+    }
+    if (!info->live)
+        return LIO_SUCCESS; /* an opener would re-initialize the table */
+
+    rc = pread_all(fd, &h, sizeof(h), 0);
+    if (rc > 0)
+        return sys_err(err, rc, path, "read");
+    if (rc < 0 || h.magic != LIO_LOCK_MAGIC)
+        return set_err(err, LIO_INVALID, 0,
+                       "lock file %s: not an LMDB lock file (magic 0x%08x, "
+                       "expected 0x%08x)", path,
+                       rc < 0 ? 0u : (unsigned)h.magic, LIO_LOCK_MAGIC);
+    if (h.format != LIO_LOCK_FORMAT)
+        return set_err(err, LIO_VERSION_MISMATCH, 0,
+                       "lock file %s: lock format 0x%08x, expected 0x%08x "
+                       "(LMDB 0.9.x with POSIX robust mutexes)", path,
+                       (unsigned)h.format, LIO_LOCK_FORMAT);
+    info->num_readers = h.numreaders;
+    count = h.numreaders < info->max_readers ? h.numreaders
+                                             : info->max_readers;
+    if (!count)
+        return LIO_SUCCESS;
+    info->slots = malloc((size_t)count * sizeof(*info->slots));
+    dead = malloc((size_t)count * sizeof(*dead));
+    if (!info->slots || !dead) {
+        free(dead);
+        return set_err(err, LIO_ENOMEM, ENOMEM,
+                       "lock file %s: out of memory", path);
+    }
+    /* The slots, a chunk at a time (stops where the file ends). */
+    for (n = 0; n < count;) {
+        lk_slot chunk[256];
+        size_t want = count - n < 256 ? count - n : 256, got;
+        ssize_t r = pread(fd, chunk, want * sizeof(lk_slot),
+                          (off_t)offsetof(lk_table, slots) +
+                              (off_t)(n * sizeof(lk_slot)));
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = sys_err(err, errno, path, "read");
+            free(dead);
+            return rc;
+        }
+        got = (size_t)r / sizeof(lk_slot);
+        for (i = 0; i < got; i++) {
+            lio_lock_slot_info *o = &info->slots[n + i];
+            o->txnid = (uint64_t)chunk[i].b.txnid;
+            o->pid = (int32_t)chunk[i].b.pid;
+            o->tid = (uint64_t)chunk[i].b.tid;
+            o->stale = 0;
+        }
+        n += got;
+        if (got < want)
+            break;
+    }
+    info->nslots = (unsigned)n;
+    /* Each other process once (sorted, distinct), probed as
+     * mdb_reader_check does. */
+    for (i = 0; i < n; i++)
+        if (info->slots[i].pid && info->slots[i].pid != me)
+            dead[ndead++] = info->slots[i].pid;
+    qsort(dead, ndead, sizeof(*dead), cmp_pid);
+    {
+        size_t k = 0;
+        for (i = 0; i < ndead; i++) {
+            pid_t pid = dead[i];
+            if (i && pid == dead[i - 1])
+                continue; /* dead[i - 1] is still the input: k < i */
+            if (!pid_alive(fd, pid))
+                dead[k++] = pid;
+        }
+        ndead = k;
+    }
+    for (i = 0; i < n; i++) {
+        pid_t pid = info->slots[i].pid;
+        if (pid && pid != me &&
+            bsearch(&pid, dead, ndead, sizeof(*dead), cmp_pid))
+            info->slots[i].stale = 1;
+    }
+    free(dead);
+    return LIO_SUCCESS;
+}
+
+int lio_lock_inspect(const char *lock_path, lio_lock_info *info,
+                     lio_error *err)
+{
+    struct stat st;
+    lk_file *f = NULL;
+    int fd, rdonly = 0, rc;
+
+    if (!info || !lock_path)
+        return set_err(err, LIO_EINVAL, EINVAL,
+                       "lio_lock_inspect: bad argument");
+    memset(info, 0, sizeof(*info));
+    info->max_readers = LIO_DEFAULT_READERS;
+    f = reg_enter(lock_path);
+    if (!f) {
+        /* O_RDWR when allowed, so that lio_lock_open can reuse the
+         * descriptor while it stays parked. */
+        fd = open(lock_path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+            fd = open(lock_path, O_RDONLY | O_CLOEXEC);
+            rdonly = 1;
+        }
+        if (fd < 0) {
+            /* liblmdb would create it (as an idle one) or, on a
+             * read-only filesystem, run without locks */
+            pthread_mutex_unlock(&g_reg);
+            return LIO_SUCCESS;
+        }
+        /* Closing fd would drop this process's locks on the file (a
+         * liblmdb environment open here): register it, parked, and let
+         * sweep_parked close it once that is safe. */
+        if (fstat(fd, &st) == 0 && !reg_find(&st)) {
+            if (!reg_add(fd, &st, lock_path, rdonly)) {
+                close(fd);
+                pthread_mutex_unlock(&g_reg);
+                return set_err(err, LIO_ENOMEM, ENOMEM,
+                               "lock file %s: out of memory", lock_path);
+            }
+        }
+        /* else: fstat failed, or the path was just replaced by a file this
+         * process holds: keep fd open (rare; one descriptor), as
+         * lio_lock_open does. */
+    } else {
+        fd = f->fd;
+    }
+    info->exists = 1;
+    rc = inspect_fd(fd, lock_path, info, err);
+    if (rc) {
+        free(info->slots);
+        info->slots = NULL;
+        info->nslots = 0;
+    }
+    sweep_parked();
+    pthread_mutex_unlock(&g_reg);
+    return rc;
+}
+
+void lio_lock_info_free(lio_lock_info *info)
+{
+    if (info) {
+        free(info->slots);
+        info->slots = NULL;
+        info->nslots = 0;
+    }
+}
+
+size_t lio_lock_info_list(const lio_lock_info *info, int skip_stale,
+                          char *buf, size_t cap)
+{
+    size_t len = 0;
+    int first = 1;
+    unsigned i;
+    if (!buf)
+        cap = 0;
+    for (i = 0; info && i < info->nslots; i++) {
+        const lio_lock_slot_info *s = &info->slots[i];
+        if (s->pid && !(skip_stale && s->stale))
+            put_reader(buf, cap, &len, &first, (pid_t)s->pid,
+                       (size_t)s->tid, (size_t)s->txnid);
+    }
+    return end_list(buf, cap, len, first);
 }

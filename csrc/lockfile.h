@@ -190,6 +190,53 @@ int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err);
  * with a larger buffer if the result is >= cap. */
 size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap);
 
+/* ---- inspection: what a liblmdb 0.9 opener would find, probe only ------
+ * lio_lock_inspect reads a lock file with pread and probes its locks with
+ * F_GETLK: it takes no lock, maps nothing, writes nothing, so it never
+ * disturbs the environment's users (mdb_stat -e/-r/-rr report the same
+ * facts; see lmdbio's `stat`).  It reuses this process's registered
+ * descriptor on the file if there is one, and never closes a descriptor
+ * whose close would drop a lock of this process (it parks it, as
+ * lio_lock_close does). */
+
+typedef struct lio_lock_slot_info {
+    uint64_t txnid;          /* mr_txnid (UINT64_MAX: idle) */
+    int32_t pid;             /* mr_pid (0: free slot) */
+    uint64_t tid;            /* mr_tid */
+    int stale;               /* pid != 0, not this process, and no process
+                              * holds its pid lock: mdb_reader_check would
+                              * clear the slot */
+} lio_lock_slot_info;
+
+typedef struct lio_lock_info {
+    int exists;              /* the lock file could be opened for reading */
+    int live;                /* another process holds a lock on byte 0: it
+                              * has the environment open */
+    unsigned max_readers;    /* me_maxreaders a liblmdb opener would get */
+    unsigned num_readers;    /* mti_numreaders (0 unless live) */
+    unsigned nslots;         /* slots read: min(num_readers, max_readers) */
+    lio_lock_slot_info *slots; /* malloc'd; lio_lock_info_free */
+} lio_lock_info;
+
+/* Fill *info for the lock file at lock_path.  A missing or unreadable file
+ * is not an error (exists = 0, max_readers = 126: what liblmdb would create).
+ * When no other process has the environment open (live = 0) a liblmdb
+ * opener re-initializes the table, so nothing else is read: num_readers = 0,
+ * no slots, and max_readers comes from the file size unless the file is
+ * smaller than a default table.  When live: LIO_INVALID (shorter than the
+ * table header, bad magic), LIO_VERSION_MISMATCH (another lock format),
+ * LIO_SYSERR (read error), LIO_ENOMEM; the slots of numreaders are read and
+ * each pid's liveness probed. */
+int lio_lock_inspect(const char *lock_path, lio_lock_info *info,
+                     lio_error *err);
+void lio_lock_info_free(lio_lock_info *info);
+
+/* mdb_reader_list's text (as lio_lock_reader_list) for the inspected slots;
+ * skip_stale: without the stale slots (what mdb_reader_list prints after
+ * mdb_reader_check). */
+size_t lio_lock_info_list(const lio_lock_info *info, int skip_stale,
+                          char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,8 @@
 /* A source and an executor over a byte buffer: the whole "file" in memory.
- * For the fuzz targets (fuzz/) and tests that feed the core plain bytes. */
+ * For the fuzz targets (fuzz/) and tests that feed the core plain bytes.
+ *
+ * Where bytes come from (as io_posix.c): below every layer that reads.
+ * May call: errors.c (lio_fail) only. */
 #include <stdlib.h>
 
 #include "core.h"

@@ -1,5 +1,9 @@
 /* Read plans: requests in ascending file order, coalesced into few large
- * scatter reads: adjacent and nearly adjacent extents are merged. */
+ * scatter reads: adjacent and nearly adjacent extents are merged.
+ *
+ * Beside the page format, below the page cache (which plans its read-ahead
+ * here), the index and the bulk reads.
+ * May call: format.c (lio_grow) only. */
 #include <stdlib.h>
 
 #include "core.h"

@@ -15,7 +15,7 @@ cdef extern from "stdlib.h" nogil:
 
 import numpy as np
 
-from lmdbio.errors import make_error, disk_error
+from lmdbio.errors import make_error
 
 from lmdbio._core cimport *   # the C core's declarations (_core.pxd)
 
@@ -25,13 +25,9 @@ cdef int _py_run(void *ctx, const lio_plan *plan, lio_error *err) noexcept nogil
         return (<BulkFile>ctx)._run_in_python(plan, err)
 
 
-cdef object _error(str path, const lio_error *err):
-    msg = err.msg.decode('utf-8', 'replace')
-    if err.code == LIO_SYSERR and err.off != <uint64_t>-1:
-        # a read of the data file failed after the core's retries
-        return disk_error('%s: %s' % (path, msg), err.sys_errno or 5, path,
-                          err.off)
-    return make_error('%s: %s' % (path, msg), err.code, sys_errno=err.sys_errno)
+cdef inline object _error(str path, const lio_error *err):
+    # the core's message with the path, whatever the code (_core_error)
+    return _core_error(None, err.code, err, path)
 
 
 cdef class _Memory:

@@ -1,7 +1,7 @@
 # Declarations of the C core (csrc/lmdbio.h, lockfile.h, datum.h) for every
 # Cython module: the one place the C API is declared.
 
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t, int64_t
 
 
 cdef extern from "lmdbio.h" nogil:
@@ -61,6 +61,7 @@ cdef extern from "lmdbio.h" nogil:
         uint32_t psize
         uint32_t env_flags
         uint64_t mapsize
+        uint64_t address
         uint64_t last_pg
         uint64_t txnid
         lio_dbrec free_db
@@ -76,6 +77,11 @@ cdef extern from "lmdbio.h" nogil:
     void lio_env_close(lio_env *env)
     uint32_t lio_env_psize(const lio_env *env)
     int lio_env_read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
+    int lio_read_header(const lio_source *src, lio_meta *out, lio_error *err)
+    int lio_decode_dbrec(const uint8_t *p, size_t len, lio_dbrec *db)
+    uint64_t lio_free_record(const uint8_t *p, size_t len, uint64_t *count)
+    uint64_t lio_free_page(const uint8_t *p, uint64_t i)
+    uint64_t lio_free_key(const uint8_t *p, size_t len)
     int lio_env_snapshot(lio_env *env, uint64_t txnid, lio_meta *out,
                          lio_error *err)
     int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
@@ -262,6 +268,24 @@ cdef extern from "lockfile.h" nogil:
     int lio_lock_reader_check(lio_lock *lk, int *dead, lio_error *err)
     size_t lio_lock_reader_list(const lio_lock *lk, char *buf, size_t cap)
 
+    ctypedef struct lio_lock_slot_info:
+        uint64_t txnid
+        int32_t pid
+        uint64_t tid
+        int stale
+    ctypedef struct lio_lock_info:
+        int exists
+        int live
+        unsigned max_readers
+        unsigned num_readers
+        unsigned nslots
+        lio_lock_slot_info *slots
+    int lio_lock_inspect(const char *lock_path, lio_lock_info *info,
+                         lio_error *err)
+    void lio_lock_info_free(lio_lock_info *info)
+    size_t lio_lock_info_list(const lio_lock_info *info, int skip_stale,
+                              char *buf, size_t cap)
+
 
 cdef extern from "datum.h" nogil:
     int LIO_DATUM_UINT8, LIO_DATUM_FLOAT, LIO_DATUM_ENCODED
@@ -308,3 +332,8 @@ cdef extern from "datum.h" nogil:
                       const int64_t *h_off, const int64_t *w_off,
                       const uint8_t *mirror, const float *mean,
                       const float *mean_values, float scale, float *out)
+
+
+# Defined in _core.pyx, cimported by every module: the one function that
+# turns a C core error into lmdbio's exception.
+cdef object _core_error(what, int rc, const lio_error *err, path)

@@ -61,7 +61,6 @@ from libc.errno cimport errno, EINTR, EIO
 
 import errno as _errno
 import os as _os
-import struct as _struct
 import sys as _sys
 import weakref as _weakref
 
@@ -120,26 +119,31 @@ _BAD_FILE_CODES = frozenset([LIO_PAGE_NOTFOUND, LIO_CORRUPTED, LIO_INVALID,
 
 
 cdef object _core_error(what, int rc, const lio_error *err, path):
-    """The exception for core return code `rc`.  Bad-file and I/O errors
-    carry the core's message (which names the page), prefixed with the
-    path; the others read like py-lmdb's (``"what: reason"``)."""
+    """The exception for core return code `rc` (declared in _core.pxd: every
+    compiled module raises through it).  Bad-file and I/O errors carry the
+    core's message (which names the page), prefixed with `path`; the others
+    read like py-lmdb's (``"what: reason"``).  ``what=None``: the core's
+    message (prefixed with `path` unless None), whatever the code (the bulk
+    reader's errors, where no liblmdb operation names the failure)."""
     cdef int code = rc
     cdef int sys_errno = 0
+    msg = None
+    if err != NULL and err.msg[0]:
+        msg = (<bytes>err.msg).decode('utf-8', 'replace')
     if rc == LIO_SYSERR:
         sys_errno = err.sys_errno if err != NULL and err.sys_errno else EIO
         code = sys_errno
         if err != NULL and err.off != <uint64_t>-1 and path is not None:
             # a read of the data file failed (after the core's retries)
-            return _errors.disk_error(
-                '%s: %s' % (path, (<bytes>err.msg).decode('utf-8', 'replace')),
-                sys_errno, path, err.off)
+            return _errors.disk_error('%s: %s' % (path, msg), sys_errno,
+                                      path, err.off)
     elif rc == LIO_EINVAL:
         code = EINVAL_
     elif rc == LIO_ENOMEM:
         code = _errno.ENOMEM
-    if (rc in _BAD_FILE_CODES and err != NULL and err.msg[0]
-            and path is not None):
-        msg = (<bytes>err.msg).decode('utf-8', 'replace')
+    if msg is not None and what is None:
+        what = msg if path is None else '%s: %s' % (path, msg)
+    elif msg is not None and path is not None and rc in _BAD_FILE_CODES:
         what = '%s: %s' % (path, msg)
     return _make_error(what, code, sys_errno=sys_errno)
 
@@ -187,7 +191,8 @@ cdef dict _dbrec_dict(const lio_dbrec *r):
 
 cdef dict _meta_dict(const lio_meta *m):
     return {'psize': m.psize, 'last_pg': m.last_pg, 'txnid': m.txnid,
-            'mapsize': m.mapsize, 'env_flags': m.env_flags,
+            'mapsize': m.mapsize, 'address': m.address,
+            'env_flags': m.env_flags,
             'free_db': _dbrec_dict(&m.free_db),
             'main_db': _dbrec_dict(&m.main_db)}
 
@@ -2205,5 +2210,107 @@ def _compact_copy(Environment env, Transaction txn, int fd, what):
     if rc == LIO_SYSERR:
         raise _core_error(what, rc, &err, env._dpath)
     if rc:
-        raise _make_error('%s: %s' % (env._dpath, (<bytes>err.msg).decode(
-            'utf-8', 'replace')), rc)
+        raise _core_error(None, rc, &err, env._dpath)
+
+
+# ---------------------------------------------------------------------------
+# The format's records and the lock file, decoded by the core for lmdbio's
+# mdb_stat / mdb_dump (cli.py): lio_read_header, lio_decode_dbrec,
+# lio_free_record (format.c, env.c) and lio_lock_inspect (lockfile.c).
+# ---------------------------------------------------------------------------
+
+#: The persistent database flags (lmdbio.h's LIO_*), by py-lmdb's names.
+_DB_FLAGS = {'reverse_key': LIO_REVERSEKEY, 'dupsort': LIO_DUPSORT,
+             'integerkey': LIO_INTEGERKEY, 'dupfixed': LIO_DUPFIXED,
+             'integerdup': LIO_INTEGERDUP, 'reversedup': LIO_REVERSEDUP}
+
+
+def _read_header(path):
+    """The meta page liblmdb picks when it opens the data file at `path`
+    (mdb_env_read_header: P_META, magic and version checked, the greater
+    txnid): a dict as ``Environment._meta()`` gives, plus ``address``."""
+    cdef bytes cpath = _os.fsencode(path)
+    cdef const char *c = cpath
+    cdef lio_posix *px = NULL
+    cdef lio_source src
+    cdef lio_meta m
+    cdef lio_error err
+    cdef int rc
+    with nogil:
+        rc = lio_posix_open(&px, c, 0, &err)
+    if rc:
+        raise _core_error(_os.fsdecode(cpath), rc, &err, None)
+    lio_posix_get_source(px, &src)
+    try:
+        with nogil:
+            rc = lio_read_header(&src, &m, &err)
+    finally:
+        lio_posix_close(px)
+    if rc:
+        raise _core_error(None, rc, &err, _os.fsdecode(cpath))
+    return _meta_dict(&m)
+
+
+def _dbrec(rec):
+    """A database record (a named DB's 48-byte value in the main DB) as a
+    dict of its MDB_db fields, or None when `rec` is not one's size."""
+    cdef const uint8_t[::1] b = memoryview(rec).cast('B')
+    cdef lio_dbrec r
+    if b.shape[0] == 0 or lio_decode_dbrec(&b[0], b.shape[0], &r):
+        return None
+    return _dbrec_dict(&r)
+
+
+def _free_record(key, value):
+    """A free-DB record: ``(txnid, count, pages)``, the txnid that freed the
+    pages (its key), the page count the value records and the page numbers
+    its bytes hold (at most count)."""
+    cdef const uint8_t[::1] k = memoryview(key).cast('B')
+    cdef const uint8_t[::1] b = memoryview(value).cast('B')
+    cdef uint64_t txnid = 0, count = 0, have = 0, i
+    if k.shape[0]:
+        txnid = lio_free_key(&k[0], k.shape[0])
+    if b.shape[0] == 0:
+        return txnid, 0, ()
+    have = lio_free_record(&b[0], b.shape[0], &count)
+    return txnid, count, tuple([lio_free_page(&b[0], i) for i in range(have)])
+
+
+def _lock_inspect(lock_path):
+    """What a liblmdb 0.9 opener would find in the lock file at `lock_path`,
+    read and probed without taking a lock (lio_lock_inspect; its errors
+    name the lock file): a dict of
+    exists, live, max_readers, num_readers, slots (a list of (txnid, pid,
+    tid, stale)), readers (mdb_reader_list's text) and readers_checked (the
+    same without the stale slots, as after mdb_reader_check)."""
+    cdef bytes cpath = _os.fsencode(lock_path)
+    cdef const char *c = cpath
+    cdef lio_lock_info info
+    cdef lio_error err
+    cdef int rc
+    cdef unsigned i
+    with nogil:
+        rc = lio_lock_inspect(c, &info, &err)
+    if rc:
+        raise _core_error(None, rc, &err, None)
+    try:
+        return {
+            'exists': bool(info.exists), 'live': bool(info.live),
+            'max_readers': info.max_readers,
+            'num_readers': info.num_readers,
+            'slots': [(info.slots[i].txnid, info.slots[i].pid,
+                       info.slots[i].tid, bool(info.slots[i].stale))
+                      for i in range(info.nslots)],
+            'readers': _info_list(&info, 0),
+            'readers_checked': _info_list(&info, 1),
+        }
+    finally:
+        lio_lock_info_free(&info)
+
+
+cdef bytes _info_list(const lio_lock_info *info, int skip_stale):
+    cdef size_t n = lio_lock_info_list(info, skip_stale, NULL, 0)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n + 1)
+    lio_lock_info_list(info, skip_stale, PyBytes_AS_STRING(out), n + 1)
+    return out[:n]
+

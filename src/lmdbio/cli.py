@@ -6,8 +6,10 @@ glibc's getopt does: combined flags ``-ef``, ``-fff``, ``-sNAME`` or ``-s NAME``
 options after the path, ``--``) and print the same bytes on stdout, with the
 same exit status, as the lmdb-utils 0.9.24 tools do for the same file. They
 read the data file with lmdbio (no mmap) and create no file. The lock file is
-read with pread for what the tools print from it (``-e``, ``-r``/``-rr`` and
-the dump header's ``maxreaders``); only while another process has the
+inspected by lmdbio's lock layer (pread and lock probes, no lock taken) for
+what the tools print from it (``-e``, ``-r``/``-rr`` and the dump header's
+``maxreaders``); the format (meta pages, database and free-list records) is
+decoded by lmdbio's C core, whichever backend runs the command. Only while another process has the
 environment open (a writer may commit during a long dump) does the read
 transaction hold a reader slot in it (``lock=True``), as liblmdb's tools do.
 
@@ -27,11 +29,9 @@ then needs a backend that has ``Environment._free_db()``.
 
 import binascii
 import errno
-import fcntl
 import importlib
 import os
 import re
-import struct
 import sys
 
 __all__ = ["main", "MDB_VERSION_STRING"]
@@ -59,34 +59,14 @@ def _mdb(name):
     """(code, text) of one liblmdb error, by py-lmdb's class name."""
     return _mdb_codes()[name]
 
-# On-disk constants (docs/format.md).
-_P_META = 0x08
-_MDB_MAGIC = 0xBEEFC0DE
-_MDB_DATA_VERSION = 1
-_MDB_PAGESIZE = 4096          # liblmdb reads this much of each meta page
-_DUPSORT = 0x04
-_DBFLAGS = (                  # mdb_dump's flag lines, in its order
-    (0x02, b"reversekey"),
-    (0x04, b"dupsort"),
-    (0x08, b"integerkey"),
-    (0x10, b"dupfixed"),
-    (0x20, b"integerdup"),
-    (0x40, b"reversedup"),
+_DBFLAG_LINES = (             # mdb_dump's flag lines, in its order
+    ("reverse_key", b"reversekey"),
+    ("dupsort", b"dupsort"),
+    ("integerkey", b"integerkey"),
+    ("dupfixed", b"dupfixed"),
+    ("integerdup", b"integerdup"),
+    ("reversedup", b"reversedup"),
 )
-_PYLMDB_FLAG_NAMES = {
-    "reverse_key": 0x02, "dupsort": 0x04, "integerkey": 0x08,
-    "dupfixed": 0x10, "integerdup": 0x20, "reversedup": 0x40,
-}
-
-# Lock file layout of a 64-bit Linux liblmdb 0.9.x (POSIX robust mutexes):
-# MDB_txninfo is two 64-byte cache lines plus one 64-byte reader slot.
-_DEFAULT_READERS = 126
-_TXNINFO_SIZE = 192
-_READER_SIZE = 64
-_READERS_OFFSET = 128
-_NUMREADERS_OFFSET = 56
-_LOCK_FORMAT = 0x00010001     # MDB_LOCK_FORMAT: lock version 1, pid locks
-_FLOCK = "@hhqqi4x"           # struct flock on LP64 Linux
 
 _STAT_USAGE = "usage: %s [-V] [-n] [-e] [-r[r]] [-f[f[f]]] [-a|-s subdb] dbpath\n"
 _DUMP_USAGE = "usage: %s [-V] [-f output] [-l] [-n] [-p] [-a|-s subdb] dbpath\n"
@@ -286,118 +266,64 @@ def _lock_path(path, nosubdir):
     return path + "-lock" if nosubdir else os.path.join(path, "lock.mdb")
 
 
+def _core():
+    """lmdbio's compiled core (whichever backend runs the commands, the
+    format and the lock file are read by it)."""
+    from lmdbio import _core
+    return _core
+
+
+def _core_call(fn, *args):
+    """fn(*args), its lmdbio exception turned into what liblmdb's tools
+    report: (code, mdb_strerror text)."""
+    from lmdbio import errors
+    try:
+        return fn(*args)
+    except errors.Error as exc:
+        code = exc.code
+        raise _MdbError(code, errors.strerror(code)) from None
+
+
 def _read_meta(path, nosubdir):
-    """The meta page liblmdb picks (mdb_env_read_header), read with pread.
-    Raises _MdbError/OSError as mdb_env_open would fail."""
-    fd = os.open(_data_path(path, nosubdir), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    """The meta page liblmdb picks when it opens the environment
+    (lio_read_header).  Raises _MdbError as mdb_env_open would fail."""
+    data = _data_path(path, nosubdir)
+    # What liblmdb makes of an empty file (a new environment, which a
+    # read-only open then fails with EBADF) and of a directory (its read
+    # fails with EISDIR), before lio_read_header sees either.
+    if os.path.isdir(data):
+        raise _MdbError(errno.EISDIR, os.strerror(errno.EISDIR))
     try:
-        best = None
-        off = 0
-        for i in range(2):
-            buf = os.pread(fd, _MDB_PAGESIZE, off)
-            if len(buf) != _MDB_PAGESIZE:
-                if not buf and off == 0:
-                    # liblmdb takes an empty file for a new environment and
-                    # then fails read-only with EBADF.
-                    raise _MdbError(errno.EBADF, os.strerror(errno.EBADF))
-                raise _MdbError(*_mdb("InvalidError"))
-            (flags,) = struct.unpack_from("<H", buf, 10)
-            magic, version, address, mapsize = struct.unpack_from("<IIQQ", buf, 16)
-            if not flags & _P_META or magic != _MDB_MAGIC:
-                raise _MdbError(*_mdb("InvalidError"))
-            if version != _MDB_DATA_VERSION:
-                raise _MdbError(*_mdb("VersionMismatchError"))
-            psize, free_flags = struct.unpack_from("<IH", buf, 40)
-            main_flags, = struct.unpack_from("<H", buf, 92)
-            main_entries, = struct.unpack_from("<Q", buf, 120)
-            last_pg, txnid = struct.unpack_from("<QQ", buf, 136)
-            meta = {
-                "psize": psize, "address": address, "mapsize": mapsize,
-                "last_pg": last_pg, "txnid": txnid, "env_flags": free_flags,
-                "main_flags": main_flags, "main_entries": main_entries,
-            }
-            if best is None or txnid > best["txnid"]:
-                best = meta
-            if i == 0:
-                off = psize
-    finally:
-        os.close(fd)
-    return best
-
-
-def _lock_probe(fd, start):
-    """Whether some other process holds a fcntl lock on byte ``start``."""
-    req = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
-    try:
-        res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
+        empty = os.path.getsize(data) == 0
     except OSError:
-        return False
-    return struct.unpack(_FLOCK, res)[0] != fcntl.F_UNLCK
+        empty = False  # lio_read_header reports why
+    if empty:
+        raise _MdbError(errno.EBADF, os.strerror(errno.EBADF))
+    return _core_call(_core()._read_header, data)
 
 
 class _LockState:
-    """What liblmdb would find in (or make of) the lock file, read-only.
+    """What liblmdb would find in (or make of) the lock file, read-only
+    (lio_lock_inspect: pread and F_GETLK probes, no lock taken).
 
     A liblmdb tool that gets the exclusive lock (no other process has the
     environment open) re-initialises the reader table: it reports 0 readers
     used and no readers. Otherwise it reports the live table."""
 
     def __init__(self, path, nosubdir):
-        self.maxreaders = _DEFAULT_READERS
-        self.numreaders = 0
-        self.slots = []           # [(txnid, pid, tid)], all numreaders slots
-        self.stale_pids = set()   # pids mdb_reader_check would clear
-        self.live = False         # another process has the environment open
-        try:
-            fd = os.open(_lock_path(path, nosubdir), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            # liblmdb would create it (the same as an idle one) or, on a
-            # read-only filesystem, run without locks.
-            return
-        try:
-            size = os.fstat(fd).st_size
-            exclusive = not _lock_probe(fd, 0)
-            rsize = (_DEFAULT_READERS - 1) * _READER_SIZE + _TXNINFO_SIZE
-            if not (exclusive and size < rsize):
-                if size < _TXNINFO_SIZE:
-                    raise _MdbError(*_mdb("InvalidError"))
-                self.maxreaders = (size - _TXNINFO_SIZE) // _READER_SIZE + 1
-            if exclusive:
-                return
-            self.live = True
-            head = os.pread(fd, 64, 0)
-            if len(head) < 64 or struct.unpack_from("<I", head, 0)[0] != _MDB_MAGIC:
-                raise _MdbError(*_mdb("InvalidError"))
-            if struct.unpack_from("<I", head, 4)[0] != _LOCK_FORMAT:
-                raise _MdbError(*_mdb("VersionMismatchError"))
-            (self.numreaders,) = struct.unpack_from("<I", head, _NUMREADERS_OFFSET)
-            count = min(self.numreaders, self.maxreaders)
-            table = os.pread(fd, count * _READER_SIZE, _READERS_OFFSET)
-            for i in range(len(table) // _READER_SIZE):
-                txnid, pid, tid = struct.unpack_from("<QixxxxQ", table, i * _READER_SIZE)
-                self.slots.append((txnid, pid, tid))
-            mypid = os.getpid()
-            for pid in {s[1] for s in self.slots if s[1] and s[1] != mypid}:
-                if not _lock_probe(fd, pid):
-                    self.stale_pids.add(pid)
-        finally:
-            os.close(fd)
+        info = _core_call(_core()._lock_inspect, _lock_path(path, nosubdir))
+        self.maxreaders = info["max_readers"]
+        self.numreaders = info["num_readers"]
+        self.live = info["live"]      # another process has the environment open
+        self._info = info
 
-    def reader_list(self, exclude=()):
-        """mdb_reader_list()'s text."""
-        lines = []
-        for txnid, pid, tid in self.slots:
-            if pid and pid not in exclude:
-                if not lines:
-                    lines.append(b"    pid     thread     txnid\n")
-                if txnid == 0xFFFFFFFFFFFFFFFF:
-                    lines.append(b"%10d %x -\n" % (pid, tid))
-                else:
-                    lines.append(b"%10d %x %d\n" % (pid, tid, txnid))
-        return b"".join(lines) if lines else b"(no active readers)\n"
+    def reader_list(self, checked=False):
+        """mdb_reader_list()'s text (checked: after mdb_reader_check)."""
+        return self._info["readers_checked" if checked else "readers"]
 
     def stale_count(self):
-        return sum(1 for s in self.slots if s[1] in self.stale_pids)
+        """The slots mdb_reader_check would clear."""
+        return sum(1 for slot in self._info["slots"] if slot[3])
 
 
 class _Env:
@@ -420,7 +346,7 @@ class _Env:
             # Every named database gets a handle (py-lmdb and lmdbio cannot
             # close one, and max_dbs limits them as liblmdb does): a small
             # main DB bounds their number, a large one is counted first.
-            entries = self.meta["main_entries"]
+            entries = self.meta["main_db"]["entries"]
             if entries <= self._PRESCAN_ABOVE:
                 max_dbs = entries + 1
             else:
@@ -437,14 +363,16 @@ class _Env:
     _PRESCAN_ABOVE = 4096
 
     def _count_candidates(self):
-        """Main-DB records that may be databases (a 48-byte value, no NUL)."""
+        """Main-DB records that may be databases (a database record's size,
+        no NUL in the key)."""
         count = 0
+        dbrec = _core()._dbrec
         env = self._open(0)
         try:
             txn = env.begin()
             try:
                 for key, value in txn.cursor().iternext_nodup(keys=True, values=True):
-                    if len(value) == 48 and b"\0" not in bytes(key):
+                    if b"\0" not in bytes(key) and dbrec(value) is not None:
                         count += 1
             finally:
                 txn.abort()
@@ -477,10 +405,8 @@ class _Env:
         self.txn = self.env.begin()
         return self.txn
 
-    def main_db(self):
-        return self.env.open_db(None, txn=self.txn, create=False)
-
-    def open_named(self, name):
+    def open_db(self, name):
+        """The main DB (name None) or a named one, in this transaction."""
         return self.env.open_db(name, txn=self.txn, create=False)
 
     def names(self):
@@ -491,17 +417,17 @@ class _Env:
                 yield key
 
     def flags(self, name, db):
-        """mdb_dbi_flags(): the database's persistent flags."""
+        """mdb_dbi_flags(): the names of the database's persistent flags."""
+        table = _core()._DB_FLAGS
         if name is None:
-            return self.meta["main_flags"]
-        rec = self.txn.get(name)
-        if rec is not None and len(rec) == 48:
-            return struct.unpack_from("<H", bytes(rec), 4)[0]
-        flags = 0
-        for key, on in db.flags(self.txn).items():
-            if on:
-                flags |= _PYLMDB_FLAG_NAMES.get(key, 0)
-        return flags
+            bits = self.meta["main_db"]["flags"]
+        else:
+            rec = self.txn.get(name)
+            rec = _core()._dbrec(rec) if rec is not None else None
+            if rec is None:
+                return {key for key, on in db.flags(self.txn).items() if on}
+            bits = rec["flags"]
+        return {key for key, bit in table.items() if bits & bit}
 
     def close(self):
         try:
@@ -532,20 +458,12 @@ def _prstat(io, st):
                 st["overflow_pages"], st["entries"]))
 
 
-def _u64s(buf, count):
-    buf = bytes(buf)
-    have = min(count, len(buf) // 8)
-    return struct.unpack_from("<%dQ" % have, buf, 0) if have else ()
-
-
 def _freelist_record(io, key, value, level):
     """One free-DB record: its page count, and with -ff/-fff what mdb_stat
     prints about it (same arithmetic, including the [bad sequence] check)."""
-    value = bytes(value)
-    count = struct.unpack_from("<Q", value, 0)[0] if len(value) >= 8 else 0
+    txnid, count, pages = _core()._free_record(key, value)
     if level < 2:
         return count
-    pages = _u64s(value[8:], count)
     avail = len(pages)
     j = count
     bad = b""
@@ -564,7 +482,6 @@ def _freelist_record(io, key, value, level):
         while i >= span and pages[i - span] == pg:
             span += 1
             pg += 1
-    txnid = struct.unpack_from("<Q", bytes(key).ljust(8, b"\0"), 0)[0]
     io.write(b"    Transaction %d, %d pages, maxspan %d%s\n" % (txnid, j, span, bad))
     if level > 2:
         j = min(j, avail) - 1
@@ -718,6 +635,17 @@ def _fail(io, what, exc):
     return 1
 
 
+def _checked(io, backend, what, fn, *args):
+    """fn(*args); an LMDB error stops the command as the tools stop on a
+    failed call: "<what> failed, error N text" and exit status 1."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if not _is_lmdb_error(exc, backend):
+            raise
+        raise _Exit(_fail(io, what, exc)) from None
+
+
 def _stat_body(io, env, o, subname):
     backend = env.backend
     meta = env.meta
@@ -737,18 +665,13 @@ def _stat_body(io, env, o, subname):
         io.write(lock.reader_list())
         if o["r"] > 1:
             io.write(b"  %d stale readers cleared.\n" % lock.stale_count())
-            io.write(lock.reader_list(exclude=lock.stale_pids))
+            io.write(lock.reader_list(checked=True))
         if not (subname is not None or o["a"] or o["f"]):
             # mdb_reader_list() returns fputs()'s result (1 with glibc),
             # which mdb_stat returns as its exit status.
             return 1
 
-    try:
-        txn = env.begin()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_txn_begin", exc)
+    txn = _checked(io, backend, "mdb_txn_begin", env.begin)
 
     if o["f"]:
         io.write(b"Freelist Status\n")
@@ -757,19 +680,9 @@ def _stat_body(io, env, o, subname):
             io.error("%s: the freelist needs Environment._free_db(), which %s "
                      "lacks\n" % (_PROG, getattr(backend, "__name__", backend)))
             return 1
-        try:
-            free = hook()
-            cursor = txn.cursor(db=free)
-        except Exception as exc:
-            if not _is_lmdb_error(exc, backend):
-                raise
-            return _fail(io, "mdb_cursor_open", exc)
-        try:
-            st = txn.stat(free)
-        except Exception as exc:
-            if not _is_lmdb_error(exc, backend):
-                raise
-            return _fail(io, "mdb_stat", exc)
+        free = _checked(io, backend, "mdb_cursor_open", hook)
+        cursor = _checked(io, backend, "mdb_cursor_open", txn.cursor, free)
+        st = _checked(io, backend, "mdb_stat", txn.stat, free)
         _prstat(io, st)
         total = 0
         try:
@@ -782,18 +695,8 @@ def _stat_body(io, env, o, subname):
                 raise
         io.write(b"  Free pages: %d\n" % total)
 
-    try:
-        db = env.open_named(subname) if subname is not None else env.main_db()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_open", exc)
-    try:
-        st = txn.stat(db)
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_stat", exc)
+    db = _checked(io, backend, "mdb_open", env.open_db, subname)
+    st = _checked(io, backend, "mdb_stat", txn.stat, db)
     io.write(b"Status of %s\n" % (subname if subname is not None else b"Main DB"))
     _prstat(io, st)
 
@@ -811,18 +714,13 @@ def _stat_body(io, env, o, subname):
             if name is None:
                 break
             try:
-                db2 = env.open_named(name)
+                db2 = env.open_db(name)
             except Exception as exc:
                 if not _is_lmdb_error(exc, backend):
                     raise
                 continue
             io.write(b"Status of %s\n" % name)
-            try:
-                st = txn.stat(db2)
-            except Exception as exc:
-                if not _is_lmdb_error(exc, backend):
-                    raise
-                return _fail(io, "mdb_stat", exc)
+            st = _checked(io, backend, "mdb_stat", txn.stat, db2)
             _prstat(io, st)
     return 0
 
@@ -869,11 +767,11 @@ def _dumpit(io, env, db, name, printable):
     if meta["address"]:
         head.append(b"mapaddr=0x%x\n" % meta["address"])
     head.append(b"maxreaders=%d\n" % env.lock.maxreaders)
-    if flags & _DUPSORT:
+    if "dupsort" in flags:
         head.append(b"duplicates=1\n")
-    for bit, fname in _DBFLAGS:
-        if flags & bit:
-            head.append(b"%s=1\n" % fname)
+    for key, line in _DBFLAG_LINES:
+        if key in flags:
+            head.append(b"%s=1\n" % line)
     head.append(b"db_pagesize=%d\n" % st["psize"])
     head.append(b"HEADER=END\n")
     io.write(b"".join(head))
@@ -939,18 +837,8 @@ def _cmd_dump(prog, args, io, backend):
 
 def _dump_body(prog, io, env, o, subname, path):
     backend = env.backend
-    try:
-        txn = env.begin()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_txn_begin", exc)
-    try:
-        db = env.open_named(subname) if subname is not None else env.main_db()
-    except Exception as exc:
-        if not _is_lmdb_error(exc, backend):
-            raise
-        return _fail(io, "mdb_open", exc)
+    txn = _checked(io, backend, "mdb_txn_begin", env.begin)
+    db = _checked(io, backend, "mdb_open", env.open_db, subname)
 
     err = None
     try:
@@ -959,7 +847,7 @@ def _dump_body(prog, io, env, o, subname, path):
             for name in env.names():
                 count += 1
                 try:
-                    db2 = env.open_named(name)
+                    db2 = env.open_db(name)
                 except Exception as exc:
                     if not _is_lmdb_error(exc, backend):
                         raise

@@ -18,6 +18,7 @@ import threading
 import numpy as np
 
 from lmdbio._bulk import BulkFile, gather
+from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
                            SnapshotChangedError)
 
@@ -798,33 +799,8 @@ class Reader:
         if self._coll is not None:
             raise TypeError('load_state_dict() is not available under comm= '
                             'yet')
-        if not isinstance(state, dict):
-            raise ValueError('state must be a dict from state_dict(), not %s'
-                             % type(state).__name__)
-        mine = self.state_dict()
-        for field in mine:
-            if field not in state:
-                raise ValueError('state: no field %r (not a Reader '
-                                 'state_dict?)' % field)
-        for field in mine:
-            if field in ('epoch', 'batches'):
-                continue
-            theirs = state[field]
-            if isinstance(theirs, tuple):
-                theirs = list(theirs)
-            if theirs != mine[field]:
-                raise ValueError(
-                    'state field %r is %r, but this Reader has %r: build the '
-                    'Reader with the arguments and data of the saved one'
-                    % (field, state[field], mine[field]))
-        try:
-            epoch, batches = int(state['epoch']), int(state['batches'])
-        except (TypeError, ValueError):
-            raise ValueError('state fields "epoch" and "batches" must be '
-                             'integers') from None
-        if epoch < 0:
-            raise ValueError('state field "epoch" must be >= 0, not %d'
-                             % epoch)
+        epoch, batches = check_state(state, self.state_dict(), 'Reader',
+                                     ('epoch', 'batches'))
         if not 0 <= batches <= len(self):
             raise ValueError('state field "batches" is %d: this Reader has '
                              '%d batches per epoch' % (batches, len(self)))

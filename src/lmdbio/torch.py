@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from lmdbio._state import check_state
+
 try:
     import torch
     from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -219,13 +221,7 @@ class LMDBDataset(_ReaderHolder, Dataset):
 
     def load_state_dict(self, state):
         """Check that ``state`` comes from a dataset of as many records."""
-        if not isinstance(state, dict) or 'total_records' not in state:
-            raise ValueError('state: no field "total_records" (not an '
-                             'LMDBDataset state_dict?)')
-        if int(state['total_records']) != len(self):
-            raise ValueError('state field "total_records" is %r, but this '
-                             'dataset has %d records'
-                             % (state['total_records'], len(self)))
+        check_state(state, self.state_dict(), 'LMDBDataset')
 
     def __getitems__(self, indices):
         """The items at these indices with one bulk read (the DataLoader
@@ -325,20 +321,8 @@ class LMDBIterableDataset(_ReaderHolder, IterableDataset):
         """Resume at ``state``: the next iteration yields the rest of that
         epoch.  A state of another order (record count, sharding, worker
         count, batch size...) raises ValueError naming the field."""
-        if not isinstance(state, dict):
-            raise ValueError('state must be a dict from state_dict(), not %s'
-                             % type(state).__name__)
-        mine = self.state_dict()
-        for field in mine:
-            if field not in state:
-                raise ValueError('state: no field %r (not an '
-                                 'LMDBIterableDataset state_dict?)' % field)
-            if field not in ('epoch', 'items') and state[field] != mine[field]:
-                raise ValueError('state field %r is %r, but this dataset has '
-                                 '%r' % (field, state[field], mine[field]))
-        epoch, items = int(state['epoch']), int(state['items'])
-        if epoch < 0 or items < 0:
-            raise ValueError('state fields "epoch" and "items" must be >= 0')
+        epoch, items = check_state(state, self.state_dict(),
+                                   'LMDBIterableDataset', ('epoch', 'items'))
         self.epoch = epoch
         self._skip = self._yielded = items
 
