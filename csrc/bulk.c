@@ -5,7 +5,12 @@
  * distinct leaves in page order (coalesced), and sizes every record.
  * Step 2 (fill) copies inline keys and values out of the leaves and reads
  * overflow values straight into their place in the caller's buffer, the
- * 16-byte page header of each run landing in a side buffer to be checked. */
+ * 16-byte page header of each run landing in a side buffer to be checked.
+ *
+ * Layer 5 of the core, beside the cursors.
+ * May call: errors.c (lio_fail), format.c (page and leaf checks, records,
+ * lio_grow), pager.c (lio_check_extent), plan.c, index.c (ordinal -> leaf)
+ * and cursor.c (the records of a leaf's duplicate sub-trees). */
 #include <stdlib.h>
 
 #include "core.h"

@@ -5,7 +5,11 @@
  * state machine here follows mdb_cursor_get's documented behaviour step by
  * step.  Unlike liblmdb, every page is validated before use, every index is
  * checked against its page, and a descent deeper than the tree's recorded
- * depth is corruption, so a hostile file cannot make a walk loop. */
+ * depth is corruption, so a hostile file cannot make a walk loop.
+ *
+ * Layer 5 of the core (after errors, page format, page cache and env).
+ * May call: errors.c (lio_fail), format.c (checks, key order, records),
+ * pager.c (pages, read-ahead, lio_read_into for overflow values). */
 #include <stdlib.h>
 
 #include "core.h"

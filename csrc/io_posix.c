@@ -1,4 +1,8 @@
-/* The POSIX executor: pread, optionally with O_DIRECT. */
+/* The POSIX executor: pread, optionally with O_DIRECT.
+ *
+ * A source and an executor for the env (no page format, no cache).
+ * May call: errors.c (lio_fail*), the C library and pthreads.  (The
+ * test-only fault-injection hook of the reads lives here.) */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -3,7 +3,11 @@
  * Entries are keyed by (page number, snapshot txnid): a page is immutable
  * only while its snapshot is pinned, so a page read for one snapshot is
  * never served to another.  Pages held by cursors are pinned and never
- * evicted; the rest form an LRU list bounded by cache_bytes. */
+ * evicted; the rest form an LRU list bounded by cache_bytes.
+ *
+ * Layer 3 of the core (after errors and page format).
+ * May call: errors.c (lio_fail*), format.c (page checks, lio_cmp_u64),
+ * plan.c (read-ahead plans), and the env's source and executor callbacks. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
