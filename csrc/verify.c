@@ -182,17 +182,12 @@ static void mark_free(vstate *v, uint64_t pgno, uint64_t from, uint64_t txn)
     }
     v->st->free_pages++;
     if (pgno >= v->map_pages) {
-        if (v->ntail == v->tail_cap) {
-            size_t ncap = v->tail_cap ? v->tail_cap * 2 : 256;
-            uint64_t *nt = realloc(v->tail, ncap * sizeof *nt);
-            if (!nt) {
-                lio_error e;
-                lio_fail(&e, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-                fatal(v, LIO_ENOMEM, &e);
-                return;
-            }
-            v->tail = nt;
-            v->tail_cap = ncap;
+        if (lio_grow((void **)&v->tail, &v->tail_cap, v->ntail + 1,
+                     sizeof *v->tail)) {
+            lio_error e;
+            lio_fail(&e, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            fatal(v, LIO_ENOMEM, &e);
+            return;
         }
         v->tail[v->ntail++] = pgno;
         return;
@@ -538,14 +533,9 @@ static void add_named(vstate *v, const lio_val *key, const uint8_t *rec,
                       uint64_t pgno)
 {
     named_db *nd;
-    if (v->nnamed == v->named_cap) {
-        size_t ncap = v->named_cap ? v->named_cap * 2 : 16;
-        named_db *nn = realloc(v->named, ncap * sizeof *nn);
-        if (!nn)
-            goto oom;
-        v->named = nn;
-        v->named_cap = ncap;
-    }
+    if (lio_grow((void **)&v->named, &v->named_cap, v->nnamed + 1,
+                 sizeof *v->named))
+        goto oom;
     nd = &v->named[v->nnamed];
     nd->name = malloc(key->size ? key->size : 1);
     if (!nd->name)
