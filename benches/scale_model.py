@@ -63,6 +63,7 @@ F_BIGDATA = 0x01
 P_BRANCH, P_LEAF = 0x01, 0x02
 MAX_SEGS_PER_READ = 1024      # csrc/plan.c (IOV_MAX)
 INDEX_CHUNK_HEADERS = 8192    # csrc/index.c: leaf headers per round
+INDEX_HEADER_GAP = 4          # csrc/index.c: pages read over between headers
 INDEX_CHUNK_PAGES = 256       # csrc/index.c: branch pages per round
 FUSE_MAX_REQUEST = 128 << 10  # libfuse 2: the kernel splits reads to this
 READ_AROUND = 128 << 10       # the kernel's mmap read-around window
@@ -535,7 +536,9 @@ def _steps_count(layout, job, pol):
 def index_build(layout, P=1, rank=0):
     """The reads of building the record index (csrc/index.c): every rank
     reads the branch levels (pages coalesced with no hole, in rounds of 256),
-    then its share of the leaf headers, 16 bytes each, one request each."""
+    then its share of the leaf headers, 16 bytes each, headers at most
+    INDEX_HEADER_GAP apart in one request (the pages between them read
+    over)."""
     ps = layout.psize
     req = nbytes = 0
     reads = []
@@ -555,10 +558,11 @@ def index_build(layout, P=1, rank=0):
     for c0 in range(0, len(pg), INDEX_CHUNK_HEADERS):
         ch = pg[c0:c0 + INDEX_CHUNK_HEADERS]
         rd = coalesce((ch * ps).tolist(), [PAGEHDRSZ] * len(ch),
-                      [False] * len(ch), 0, 8 << 20)
+                      [False] * len(ch), INDEX_HEADER_GAP * ps, 8 << 20)
         hdr += len(rd)
+        nbytes += sum(x[1] for x in rd)
         reads.extend(rd)
-    return dict(requests=req + hdr, bytes=nbytes + PAGEHDRSZ * (hi - lo),
+    return dict(requests=req + hdr, bytes=nbytes,
                 reads=reads,
                 branch_pages=layout.n_branch, leaf_headers=hi - lo,
                 rounds=len(layout.branch_levels) + max(

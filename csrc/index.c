@@ -3,7 +3,8 @@
  * LMDB's branch pages hold no subtree counts, so the index is built once
  * per snapshot from the branch levels (few pages) and the leaves' 16-byte
  * headers (whole leaves for DUPSORT trees, whose duplicates count), level
- * by level, each level read in page order through the executor.
+ * by level, each level read in page order through the executor; headers
+ * of neighbouring leaves in one request.
  *
  * Above the page cache, beside cursors and bulk reads.
  * May call: errors.c, format.c (page and leaf-header checks,
@@ -322,7 +323,13 @@ int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     int rc;
     if (n == 0)
         return LIO_SUCCESS;
-    lio_plan_init(&plan, 0, 8u << 20);
+    /* Leaf headers sit a page apart: reading the rest of each page (into
+     * the plan's sink) along with the headers turns one request per leaf
+     * into one per run of leaves, at most 1024 a request (a few branch
+     * pages in between are read over too).  200k leaves hot: 2 us a
+     * request against about 0.3 us to copy a page. */
+    lio_plan_init(&plan, (db->flags & LIO_DUPSORT) ? 0 : 4 * (size_t)env->psize,
+                  8u << 20);
     rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, NULL, NULL,
                     counts, err);
     lio_plan_free(&plan);
