@@ -209,8 +209,8 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
 void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
 {
     const lio_index *idx = b->idx;
-    uint64_t total = idx->first[idx->nleaves], leaf = UINT64_MAX;
-    uint64_t *pages;
+    uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
+    uint64_t leaf = UINT64_MAX, *pages;
     size_t np = 0;
     int sorted = 1;
     if (!b->region || !b->ex.advise || !n ||
@@ -221,7 +221,7 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
         return; /* advice is optional */
     for (size_t i = 0; i < n; i++) {
         uint64_t ord = (uint64_t)ordinals[i], pg;
-        if (ordinals[i] < 0 || ord >= total)
+        if (ordinals[i] < 0 || ord < lo || ord >= total)
             continue;
         if (leaf == UINT64_MAX || ord < idx->first[leaf] ||
             ord >= idx->first[leaf + 1])
@@ -520,8 +520,8 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      uint64_t *key_bytes, uint64_t *value_bytes)
 {
     const lio_index *idx = b->idx;
-    uint64_t total = idx->first[idx->nleaves], kb = 0, vb = 0;
-    uint64_t *leafof;
+    uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
+    uint64_t kb = 0, vb = 0, *leafof;
     int ascending = 1;
     int rc = LIO_SUCCESS;
 
@@ -537,10 +537,18 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         return end_step(b, oom(b));
     for (size_t i = 0; i < n; i++) {
         uint64_t ord = (uint64_t)ordinals[i];
-        if (ordinals[i] < 0 || ord >= total) {
-            rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
-                          "record ordinal %lld is out of range (%llu records)",
-                          (long long)ordinals[i], (unsigned long long)total);
+        if (ordinals[i] < 0 || ord < lo || ord >= total) {
+            if (lo)
+                rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                              "record ordinal %lld is outside the records "
+                              "indexed (%llu..%llu)", (long long)ordinals[i],
+                              (unsigned long long)lo,
+                              (unsigned long long)total - 1);
+            else
+                rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                              "record ordinal %lld is out of range (%llu "
+                              "records)", (long long)ordinals[i],
+                              (unsigned long long)total);
             goto out;
         }
         /* Consecutive ordinals mostly stay on the previous leaf or step

@@ -34,7 +34,9 @@ uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
      * puts ord and widen from there, a few probes where a plain binary
      * search over a large index misses the cache a dozen times. */
     if (n > 64) {
-        uint64_t g = (uint64_t)((double)ord / (double)idx->first[n] * (double)n);
+        uint64_t base = idx->first[0];
+        uint64_t g = (uint64_t)((double)(ord - base) /
+                                (double)(idx->first[n] - base) * (double)n);
         uint64_t step = 1;
         if (g >= n)
             g = n - 1;
@@ -75,7 +77,7 @@ void lio_index_free(lio_index *idx)
 
 int lio_index_adopt(lio_index **out, const lio_meta *snap,
                     const lio_dbrec *db, uint64_t nleaves, uint64_t *leaf_pgno,
-                    uint64_t *first, lio_error *err)
+                    uint64_t *first, int partial, lio_error *err)
 {
     lio_index *idx = calloc(1, sizeof *idx);
     *out = NULL;
@@ -98,7 +100,20 @@ int lio_index_adopt(lio_index **out, const lio_meta *snap,
                             (unsigned long long)i);
         }
     }
-    if (first[0] != 0 || first[nleaves] != db->entries) {
+    if (partial) {
+        /* a run of leaves from the first or to the last */
+        if ((first[0] != 0 && first[nleaves] != db->entries) ||
+            first[nleaves] > db->entries) {
+            lio_index_free(idx);
+            return lio_fail(err, LIO_CORRUPTED, db->root,
+                            "page %llu: a partial record index covers "
+                            "records %llu..%llu of %llu",
+                            (unsigned long long)db->root,
+                            (unsigned long long)first[0],
+                            (unsigned long long)first[nleaves],
+                            (unsigned long long)db->entries);
+        }
+    } else if (first[0] != 0 || first[nleaves] != db->entries) {
         unsigned long long counted = first[nleaves];
         lio_index_free(idx);
         return lio_fail(err, LIO_CORRUPTED, db->root,
@@ -358,13 +373,97 @@ int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
     for (uint64_t i = 0; i < n; i++)
         first[i + 1] = first[i] + counts[i];
     free(counts);
-    rc = lio_index_adopt(out, snap, db, n, leaves, first, err);
+    rc = lio_index_adopt(out, snap, db, n, leaves, first, 0, err);
     if (rc == LIO_SUCCESS)
         (*out)->pages_read = n;
     return rc;
 fail:
     free(leaves);
     free(counts);
+    free(first);
+    return rc;
+}
+
+int lio_index_build_part(lio_index **out, lio_env *env, const lio_meta *snap,
+                         const lio_dbrec *db, const lio_executor *ex,
+                         int from_end, uint64_t need, lio_error *err)
+{
+    uint64_t *leaves, n, *counts = NULL, *first = NULL, *part = NULL;
+    uint64_t covered = 0, counted = 0, lo = 0, hi = 0, m;
+    int rc;
+
+    *out = NULL;
+    if ((rc = lio_index_leaves(env, snap, db, ex, &leaves, &n, err)))
+        return rc;
+    counts = malloc((n ? n : 1) * sizeof *counts);
+    if (!counts) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto out;
+    }
+    /* Count leaves a chunk at a time from the chosen end until they hold
+     * `need` records, then keep just the leaves that do. */
+    if (from_end) {
+        lo = hi = n;
+        while (lo > 0 && covered < need) {
+            uint64_t c0 = lo > CHUNK_HEADERS ? lo - CHUNK_HEADERS : 0;
+            if ((rc = lio_index_count(env, snap, db, ex, leaves + c0, lo - c0,
+                                      counts + c0, err)))
+                goto out;
+            counted += lo - c0;
+            for (uint64_t i = lo; i-- > c0 && covered < need;) {
+                covered += counts[i];
+                lo = i;
+            }
+            if (covered < need)
+                lo = c0;
+        }
+    } else {
+        lo = hi = 0;
+        while (hi < n && covered < need) {
+            uint64_t c1 = n - hi > CHUNK_HEADERS ? hi + CHUNK_HEADERS : n;
+            if ((rc = lio_index_count(env, snap, db, ex, leaves + hi, c1 - hi,
+                                      counts + hi, err)))
+                goto out;
+            counted += c1 - hi;
+            for (uint64_t i = hi; i < c1 && covered < need; i++) {
+                covered += counts[i];
+                hi = i + 1;
+            }
+            if (covered < need)
+                hi = c1;
+        }
+    }
+    if (covered > db->entries) {
+        rc = lio_fail(err, LIO_CORRUPTED, db->root,
+                      "page %llu: the tree's leaves hold more records (%llu) "
+                      "than its database record says (%llu)",
+                      (unsigned long long)db->root,
+                      (unsigned long long)covered,
+                      (unsigned long long)db->entries);
+        goto out;
+    }
+    m = hi - lo;
+    part = malloc((m ? m : 1) * sizeof *part);
+    first = malloc((m + 1) * sizeof *first);
+    if (!part || !first) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto out;
+    }
+    if (m)
+        memcpy(part, leaves + lo, m * sizeof *part);
+    /* Ordinals count from the first record: a run that ends at the last
+     * leaf starts at the record count minus what it holds. */
+    first[0] = from_end ? db->entries - covered : 0;
+    for (uint64_t i = 0; i < m; i++)
+        first[i + 1] = first[i] + counts[lo + i];
+    rc = lio_index_adopt(out, snap, db, m, part, first, 1, err);
+    part = first = NULL;   /* adopted, or freed by adopt */
+    if (rc == LIO_SUCCESS)
+        (*out)->pages_read = counted;
+out:
+    free(leaves);
+    free(counts);
+    free(part);
     free(first);
     return rc;
 }

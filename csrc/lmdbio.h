@@ -288,11 +288,22 @@ int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                     const lio_executor *ex, const uint64_t *leaves,
                     uint64_t n, uint64_t *counts, lio_error *err);
 /* Index from leaves and first[] = prefix sums of their counts (takes
- * ownership of both arrays; checked against the snapshot). */
+ * ownership of both arrays; checked against the snapshot).  `partial`: a
+ * run of leaves from the first (first[0] = 0) or to the last (first[n] =
+ * the record count), as lio_index_build_part makes. */
 int lio_index_adopt(lio_index **out, const lio_meta *snap,
                     const lio_dbrec *db, uint64_t nleaves, uint64_t *leaf_pgno,
-                    uint64_t *first, lio_error *err);
-/* The leaf holding ordinal `ord` (< record count): O(log leaves). */
+                    uint64_t *first, int partial, lio_error *err);
+/* An index of just the leaves that hold the first `need` records (or,
+ * from_end, the last `need`): a shard of the tree counted from its nearer
+ * end reads that share of the leaf headers, not all of them.  Ordinals
+ * stay those of the whole tree: first[0] is the run's first record.  (A
+ * run counted from the end trusts the database record's count.) */
+int lio_index_build_part(lio_index **out, lio_env *env, const lio_meta *snap,
+                         const lio_dbrec *db, const lio_executor *ex,
+                         int from_end, uint64_t need, lio_error *err);
+/* The leaf holding ordinal `ord` (first[0] <= ord < first[nleaves]):
+ * O(log leaves). */
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord);
 void lio_index_free(lio_index *idx);
 

@@ -297,6 +297,29 @@ cdef class BulkFile:
         self._open_bulk()
         return self.idx.pages_read
 
+    def build_index_part(self, bint from_end, uint64_t need):
+        """An index of just the leaves holding the first `need` records
+        (from_end: the last `need`), counted from that end of the tree."""
+        cdef lio_error err
+        cdef int rc
+        self._drop_index()
+        with nogil:
+            rc = lio_index_build_part(&self.idx, self.env, &self.snap,
+                                      &self.db, &self.posix_ex, from_end, need,
+                                      &err)
+        if rc:
+            raise _error(self.path, &err)
+        self._open_bulk()
+        return self.idx.pages_read
+
+    @property
+    def index_range(self):
+        """(first, end) ordinals the index covers: (0, entries) unless it
+        is partial (build_index_part)."""
+        if self.idx == NULL:
+            raise RuntimeError('no record index')
+        return self.idx.first[0], self.idx.first[self.idx.nleaves]
+
     def index_leaves(self):
         """The tree's leaf page numbers in key order (branch pages only)."""
         cdef lio_error err
@@ -332,8 +355,9 @@ cdef class BulkFile:
             raise _error(self.path, &err)
         return counts
 
-    def adopt_index(self, leaf_pgno, first):
-        """Use a cached index (validated against the snapshot)."""
+    def adopt_index(self, leaf_pgno, first, bint partial=False):
+        """Use a cached index (validated against the snapshot; `partial`:
+        one that build_index_part made)."""
         cdef lio_error err
         cdef int rc
         cdef uint64_t[::1] lp = np.ascontiguousarray(leaf_pgno, dtype=np.uint64)
@@ -353,7 +377,8 @@ cdef class BulkFile:
         if n:
             memcpy(a, &lp[0], n * sizeof(uint64_t))
         memcpy(b, &fi[0], (n + 1) * sizeof(uint64_t))
-        rc = lio_index_adopt(&self.idx, &self.snap, &self.db, n, a, b, &err)
+        rc = lio_index_adopt(&self.idx, &self.snap, &self.db, n, a, b,
+                             partial, &err)
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()
@@ -374,7 +399,7 @@ cdef class BulkFile:
     def num_records(self):
         if self.idx == NULL:
             raise RuntimeError('no record index')
-        return self.idx.first[self.idx.nleaves]
+        return self.db.entries   # what a whole index counts (checked)
 
     @property
     def num_leaves(self):

@@ -215,7 +215,12 @@ cdef extern from "lmdbio.h" nogil:
                         lio_error *err)
     int lio_index_adopt(lio_index **out, const lio_meta *snap,
                         const lio_dbrec *db, uint64_t nleaves,
-                        uint64_t *leaf_pgno, uint64_t *first, lio_error *err)
+                        uint64_t *leaf_pgno, uint64_t *first, int partial,
+                        lio_error *err)
+    int lio_index_build_part(lio_index **out, lio_env *env,
+                             const lio_meta *snap, const lio_dbrec *db,
+                             const lio_executor *ex, int from_end,
+                             uint64_t need, lio_error *err)
     void lio_index_free(lio_index *idx)
 
     int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,

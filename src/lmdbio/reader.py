@@ -146,6 +146,22 @@ def _digest(arr):
     return np.uint64(zlib.crc32(data))
 
 
+def _save_index(path, head, leaves, first):
+    """Write an index to the cache (atomically; a read-only cache directory
+    only costs the next start a rebuild)."""
+    body = np.concatenate([leaves, first]).astype(np.uint64)
+    blob = np.concatenate([head, np.array([len(leaves), _digest(body)],
+                                          dtype=np.uint64), body])
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = '%s.%d.tmp' % (path, os.getpid())
+        with open(tmp, 'wb') as f:
+            np.save(f, blob, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _split(arrays, counts):
     """Per-part (kdata, koff, vdata, voff) of a concatenated batch."""
     kdata, koff, vdata, voff = arrays
@@ -617,6 +633,7 @@ class Reader:
         self._pin_snapshot(lock, subdir)
         try:
             self._collective(self._file.select, self.db)
+            self.total_records = self._file.entries  # the shares need it
             self._load_index(index_cache, data)
         except (CorruptedError, PageNotFoundError) as e:
             raise self._snapshot_changed(e) from e
@@ -647,13 +664,16 @@ class Reader:
         raise Error('%s: could not pin a snapshot: the writer keeps moving'
                     % self.path)
 
-    def _cache_file(self, index_cache, data):
+    def _cache_file(self, index_cache, data, part=None):
         # The snapshot (txnid, root) within this file: identity, size and
-        # modification time catch a file replaced in place.
+        # modification time catch a file replaced in place.  A partial
+        # index (part: (from_end, need)) has a name of its own.
         st = os.stat(data)
         key = '%s|%d|%d|%d|%d|%r|%d|%d' % (
             os.path.realpath(data), st.st_dev, st.st_ino, st.st_size,
             st.st_mtime_ns, self.db, self._file.txnid, self._file.root)
+        if part is not None:
+            key += '|part|%d|%d' % part
         name = hashlib.sha1(key.encode()).hexdigest() + '.npy'
         head = np.array([_INDEX_MAGIC, _INDEX_VERSION, st.st_dev, st.st_ino,
                          st.st_size, st.st_mtime_ns, self._file.txnid,
@@ -661,15 +681,34 @@ class Reader:
                         dtype=np.uint64)
         return os.path.join(_cache_dir(index_cache), name), head
 
+    def _part_wanted(self):
+        """(from_end, need) when this rank's share of an unshuffled epoch
+        lies nearer one end of the tree: counting the leaves from that end
+        finds it after reading that share of the leaf headers, not all of
+        them.  None: the whole index (one rank, a shuffled order, a share
+        that wraps around, MPI's cooperative build)."""
+        n = self._file.entries
+        if self._coll is not None or self.shuffle or self.world_size == 1:
+            return None
+        first, count = self._span()
+        if count == 0 or first + count > n:
+            return None
+        prefix, suffix = first + count, n - first
+        if min(prefix, suffix) >= n:
+            return None
+        return (1, suffix) if suffix < prefix else (0, prefix)
+
 
     def _load_index(self, index_cache, data):
         self.index_from_cache = False
+        self._index_cache = (index_cache, data)
         use_cache = index_cache is not False and index_cache is not None
         path = head = None
+        part = self._part_wanted()
         if use_cache:
             path, head = self._collective(self._cache_file, index_cache, data)
 
-        def load():
+        def load(path=path):
             if not use_cache:
                 return None
             try:
@@ -686,21 +725,9 @@ class Reader:
                 return None
             return body[:n], body[n:]
 
-        def save(leaves, first):
-            if not use_cache:
-                return
-            body = np.concatenate([leaves, first]).astype(np.uint64)
-            blob = np.concatenate([head, np.array([len(leaves),
-                                                   _digest(body)],
-                                                  dtype=np.uint64), body])
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = '%s.%d.tmp' % (path, os.getpid())
-                with open(tmp, 'wb') as f:
-                    np.save(f, blob, allow_pickle=False)
-                os.replace(tmp, path)
-            except OSError:
-                pass  # a read-only cache directory only costs the rebuild
+        def save(leaves, first, path=path):
+            if use_cache:
+                _save_index(path, head, leaves, first)
 
         if self._coll is not None:
             from lmdbio.mpi import cooperative_index
@@ -715,8 +742,35 @@ class Reader:
                 return
             except Error:
                 pass  # inconsistent with the snapshot: rebuild
+        if part is not None:
+            ppath = self._cache_file(index_cache, data, part)[0] \
+                if use_cache else None
+            cached = load(ppath)
+            if cached is not None:
+                try:
+                    self._file.adopt_index(*cached, partial=True)
+                    self.index_from_cache = True
+                    return
+                except Error:
+                    pass
+            self._file.build_index_part(*part)
+            save(*self._file.index_arrays(), path=ppath)
+            return
         self._file.build_index()
         save(*self._file.index_arrays())
+
+    def _index_all(self, ordinals):
+        """A partial index (_part_wanted) widened to the whole tree when
+        `ordinals` (read() takes any) reach past it."""
+        lo, end = self._file.index_range
+        if len(ordinals) and (lo > 0 or end < self.total_records) and (
+                ordinals.min() < lo or ordinals.max() >= end):
+            with self._lane_locks[0], self._lane_locks[1]:
+                self._file.build_index()
+            index_cache, data = self._index_cache
+            if index_cache is not False and index_cache is not None:
+                _save_index(*self._cache_file(index_cache, data),
+                            *self._file.index_arrays())
 
     # -- sizes ----------------------------------------------------------
     def _ordinals(self):
@@ -1066,6 +1120,9 @@ class Reader:
                              indices.max() >= self.total_records):
             raise IndexError('record ordinal out of range (%d records)'
                              % self.total_records)
+        if self._file is not None and self._parts is None and \
+                self._coll is None:
+            self._index_all(indices)
         return self._read(indices)
 
     def __iter__(self):
