@@ -43,6 +43,21 @@ static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     int64_t ords[64];
     size_t k = 0;
 
+    /* A shard's run of leaves from either end: its ordinals are the
+     * tree's, and one outside it is refused. */
+    for (int from_end = 0; from_end < 2; from_end++) {
+        if (lio_index_build_part(&idx, env, snap, db, ex, from_end,
+                                 db->entries / 3 + 1, &err) == 0) {
+            if (lio_bulk_open(&b, env, snap, db, idx, ex, &err) == 0) {
+                ords[0] = (int64_t)idx->first[0];
+                ords[1] = (int64_t)idx->first[idx->nleaves] - 1;
+                ords[2] = from_end ? 0 : (int64_t)db->entries - 1;
+                read_some(b, ords, 3, 1);
+                lio_bulk_close(b);
+            }
+            lio_index_free(idx);
+        }
+    }
     if (lio_index_build(&idx, env, snap, db, ex, &err))
         return;
     n = idx->first[idx->nleaves];
