@@ -1192,7 +1192,8 @@ class Reader:
             for f in files:
                 if f is None:
                     continue
-                per_leaf = f.num_records / max(1, f.num_leaves)
+                lo, end = f.index_range   # (a partial index: its leaves)
+                per_leaf = (end - lo) / max(1, f.num_leaves)
                 need = 1 - (1 - min(share, 1.0)) ** per_leaf
                 f.set_cache(region, 1 if need >= 1 / 16 else 16,
                             self.cache == 'drop')
