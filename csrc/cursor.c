@@ -1139,3 +1139,175 @@ int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
     lio_cursor_close(cur);
     return rc;
 }
+
+/* ---- read-ahead for a batch of lookups -------------------------------- */
+
+/* The leaf a search for key lands on, found through the branch pages that
+ * the scratch cursor t holds (a branch page not held is fetched: cached,
+ * or read now).  0 when a branch page cannot be had: the exact lookup will
+ * report it. */
+static uint64_t leaf_of(tcursor *t, const lio_val *key)
+{
+    unsigned level;
+    if (t->db.depth < 2)
+        return t->db.root;
+    if (!(t->pin[0] && t->pgno[0] == t->db.root) &&
+        push_page(t, 0, t->db.root, 0))
+        return 0;
+    for (level = 0;; level++) {
+        const uint8_t *p = t->pg[level];
+        uint64_t child;
+        unsigned i;
+        int exact;
+        /* as search_from_top */
+        t->top = level;
+        if (!node_search(t, key, &exact))
+            i = pg_numkeys(p) - 1;
+        else
+            i = t->ki[level] - (exact ? 0 : 1);
+        child = nd_child(pg_node(p, i));
+        if (level + 2u >= t->db.depth)
+            return child;
+        if (!(t->pin[level + 1] && t->pgno[level + 1] == child) &&
+            push_page(t, level + 1, child, 0))
+            return 0;
+    }
+}
+
+/* Bring pgnos[0..n) (sorted, distinct) into the cache through the env's
+ * read-ahead, a batch of at most readahead_pages at a time.  A batch may
+ * bring fewer (read-around from a device opens a few blocks per batch):
+ * the rest goes into the next one, for as long as batches make progress. */
+static void prefetch_sorted(lio_env *env, const lio_meta *snap,
+                            uint64_t *pgnos, size_t n)
+{
+    size_t limit = env->readahead_pages < LIO_PREFETCH_MAX
+                   ? env->readahead_pages : LIO_PREFETCH_MAX;
+    for (;;) {
+        size_t left = 0, batch;
+        for (size_t i = 0; i < n; i++)
+            if (!lio_page_cached(env, snap, pgnos[i]))
+                pgnos[left++] = pgnos[i];
+        if (left == 0 || left == n)   /* done, or a batch brought nothing */
+            return;
+        n = left;
+        for (size_t i = 0; i < n; i += batch) {
+            batch = n - i < limit ? n - i : limit;
+            lio_page_prefetch(env, snap, pgnos + i, batch);
+        }
+    }
+}
+
+/* The overflow value of key in leaf pg (checked) if it has one: its
+ * first page and the pages it spans.  The search uses the scratch cursor's
+ * slot for the leaf level, which leaf_of never reads. */
+static int overflow_of(tcursor *t, const uint8_t *p, const lio_val *key,
+                       uint64_t *first, uint64_t *npages)
+{
+    unsigned lv = t->db.depth - 1u;
+    const uint8_t *nd;
+    int exact = 0;
+    if (!(pg_flags(p) & P_LEAF) || is_leaf2(p))
+        return 0;
+    t->top = lv;
+    t->pg[lv] = p;
+    if (!node_search(t, key, &exact) || !exact)
+        return 0;
+    nd = pg_node(p, t->ki[lv]);
+    if ((nd_flags(nd) & (F_BIGDATA | F_DUPDATA)) != F_BIGDATA)
+        return 0;
+    *first = ld64(nd_data(nd));
+    *npages = (PAGEHDRSZ + (uint64_t)nd_dsize(nd) + t->cur->env->psize - 1) /
+              t->cur->env->psize;
+    return 1;
+}
+
+/* Sort and drop repeats; the new count. */
+static size_t sort_distinct(uint64_t *v, size_t n)
+{
+    size_t d = 0;
+    qsort(v, n, sizeof *v, lio_cmp_u64);
+    for (size_t i = 0; i < n; i++)
+        if (!d || v[d - 1] != v[i])
+            v[d++] = v[i];
+    return d;
+}
+
+/* The overflow values of the keys in their (cached) leaves: one-page
+ * values read into the cache (where read_overflow looks for them), up to
+ * `budget` pages; longer runs advised to the storage.  The leaves stay
+ * pinned until the values are read, so that the cache does not recycle
+ * them for the values. */
+static void prefetch_overflow(lio_cursor *s, const lio_val *keys, size_t n,
+                              size_t budget, uint64_t *ov, lio_page **held)
+{
+    lio_env *env = s->env;
+    const lio_meta *snap = &s->snap;
+    size_t nov = 0, nheld = 0;
+    lio_executor ex;
+    pthread_mutex_lock(&env->ra_lock);
+    ex = env->ex;
+    pthread_mutex_unlock(&env->ra_lock);
+    for (size_t i = 0; i < n && nov < budget && nheld < budget; i++) {
+        lio_page *pg;
+        uint64_t leaf, first, np;
+        lio_error err;
+        if (keys[i].size == 0 || !(leaf = leaf_of(&s->mc, &keys[i])) ||
+            !lio_page_cached(env, snap, leaf) ||
+            lio_page_get(env, snap, leaf, 0, &pg, &err))
+            continue;
+        held[nheld++] = pg;
+        if (!overflow_of(&s->mc, pg->data, &keys[i], &first, &np) ||
+            first < 2 || first > snap->last_pg ||
+            np > snap->last_pg - first + 1)
+            continue;
+        if (np == 1)
+            ov[nov++] = first;
+        else if (ex.advise)
+            ex.advise(ex.ctx, first * env->psize, np * env->psize,
+                      LIO_ADVISE_WILLNEED);
+    }
+    prefetch_sorted(env, snap, ov, sort_distinct(ov, nov));
+    while (nheld)
+        lio_page_unpin(env, held[--nheld]);
+}
+
+size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
+{
+    lio_env *env = cur->env;
+    lio_cursor s;               /* scratch: cur is left as it is */
+    uint64_t *pgnos;
+    size_t budget = env->max_pages / 4, covered, m = 0;
+
+    if (n == 0 || env->readahead_pages < 2 ||
+        cur->mc.db.root == LIO_EMPTY_ROOT || cur->mc.db.depth == 0)
+        return n;
+    if (budget < 2)
+        budget = 2;
+    /* leaves, then overflow pages and the leaves held meanwhile */
+    if (!(pgnos = malloc(2 * budget * sizeof *pgnos +
+                         budget * sizeof(lio_page *))))
+        return n;
+    memset(&s, 0, sizeof s);
+    s.env = env;
+    s.snap = cur->snap;
+    s.dcmp = cur->dcmp;
+    tcursor_init(&s.mc, &s, &cur->mc.db, cur->mc.cmp, NULL);
+
+    /* The keys' leaves, up to the budget: each key's leaf counts (a
+     * repeated one too), so that the leaves of the keys covered fit in a
+     * fraction of the cache whatever their order.  A key whose branch
+     * pages cannot be read is left to its lookup. */
+    for (covered = 0; covered < n && m < budget; covered++) {
+        uint64_t leaf;
+        if (keys[covered].size && (leaf = leaf_of(&s.mc, &keys[covered])))
+            pgnos[m++] = leaf;
+    }
+    prefetch_sorted(env, &s.snap, pgnos, sort_distinct(pgnos, m));
+    if (cur->mc.db.overflow_pages)
+        prefetch_overflow(&s, keys, covered, budget, pgnos + budget,
+                          (lio_page **)(pgnos + 2 * budget));
+    release_levels(&s.mc, 0);
+    free(pgnos);
+    return covered;
+}

@@ -111,6 +111,8 @@ cdef unsigned MDB_NOSUBDIR = 0x4000
 READAHEAD_BYTES = 256 * 1024
 #: reader threads per environment for the cursors' read-ahead.
 READAHEAD_THREADS = 8
+#: keys Cursor.getmulti converts and reads ahead for at a time.
+cdef Py_ssize_t GETMULTI_CHUNK = 4096
 
 _FSENC = _sys.getfilesystemencoding()
 
@@ -1933,9 +1935,18 @@ cdef class Cursor:
         (all their duplicates with ``dupdata=True``; split into
         `dupfixed_bytes`-sized values of a ``dupfixed`` database; packed into
         one memoryview with ``keyfixed=True``; only the keys with
-        ``values=False``), as py-lmdb's ``Cursor.getmulti``."""
+        ``values=False``), as py-lmdb's ``Cursor.getmulti``.
+
+        The leaves the keys need (and their overflow values) are read
+        together first, sorted, several reads in flight, a batch that fits
+        in a quarter of the page cache at a time; then each key is looked
+        up in the order given.  ``readahead=False`` reads each leaf as its
+        key is looked up."""
         cdef lio_cursor_op get_op, next_op
-        cdef Py_ssize_t i, n, step
+        cdef Py_ssize_t i, n, step, m, pos
+        cdef size_t covered
+        cdef lio_val *kv
+        cdef bytes kbytes
         if dupfixed_bytes and dupfixed_bytes < 0:
             raise OverflowError('Integer argument must be >= 0')
         elif (dupfixed_bytes or keyfixed) and not dupdata:
@@ -1956,40 +1967,95 @@ cdef class Cursor:
         out = bytearray()
         lst = []
         keyfixed_size = None
-        for key in keys:
-            if not self._op_kv(LIO_SET_KEY, key, None):
-                continue
-            if not values:
-                lst.append(self._k())
-                continue
-            if keyfixed:
-                if keyfixed_size is None:
-                    keyfixed_size = self._key.size
-                elif self._key.size != keyfixed_size:
-                    raise ValueError('keyfixed=True requires all keys to be '
-                                     'the same size')
-            while self.positioned:
-                self._get(get_op)
-                k = self._k()
-                if step:
-                    vb = _val_bytes(&self._val)
-                    n = len(vb)
-                    if keyfixed:
-                        kb = _val_bytes(&self._key)
-                        for i in range(0, n, step):
-                            out += kb
-                            out += vb[i:i + step]
+        it = iter(keys)
+        more = True
+        pending = None
+        kv = <lio_val *>malloc(GETMULTI_CHUNK * sizeof(lio_val))
+        if kv == NULL:
+            raise MemoryError()
+        try:
+            while more:
+                # A chunk of keys as bytes.  What stops it early happens
+                # after the lookups of the keys before, as in a plain loop:
+                # the iterator raising (re-raised after them), or a key
+                # that is not bytes-like (its own lookup raises).
+                chunk = []
+                tail = []
+                while len(chunk) < GETMULTI_CHUNK:
+                    try:
+                        key = next(it)
+                    except StopIteration:
+                        more = False
+                        break
+                    except BaseException as e:
+                        pending = e
+                        more = False
+                        break
+                    try:
+                        kbytes = _to_bytes(key)
+                    except BaseException:
+                        tail.append(key)
+                        more = False
+                        break
+                    m = len(chunk)
+                    kv[m].data = <const uint8_t *>PyBytes_AS_STRING(kbytes)
+                    kv[m].size = PyBytes_GET_SIZE(kbytes)
+                    chunk.append(kbytes)
+                m = len(chunk)
+                pos = 0
+                while pos < m or tail:
+                    if pos < m:
+                        covered = m - pos
+                        if covered > 1:
+                            # read the leaves of the next keys together
+                            self._check()
+                            with nogil:
+                                covered = lio_cursor_prefetch(
+                                    self._c, kv + pos, covered)
+                        batch = chunk[pos:pos + <Py_ssize_t>covered]
+                        pos += covered
                     else:
-                        for i in range(0, n, step):
-                            v = vb[i:i + step]
-                            lst.append((k, memoryview(v) if self._buffers
-                                        else v))
-                else:
-                    lst.append((k, self._v()))
-                if dupdata:
-                    self._get(next_op)
-                else:
-                    break
+                        batch = tail
+                        tail = []
+                    for key in batch:
+                        if not self._op_kv(LIO_SET_KEY, key, None):
+                            continue
+                        if not values:
+                            lst.append(self._k())
+                            continue
+                        if keyfixed:
+                            if keyfixed_size is None:
+                                keyfixed_size = self._key.size
+                            elif self._key.size != keyfixed_size:
+                                raise ValueError(
+                                    'keyfixed=True requires all keys to be '
+                                    'the same size')
+                        while self.positioned:
+                            self._get(get_op)
+                            k = self._k()
+                            if step:
+                                vb = _val_bytes(&self._val)
+                                n = len(vb)
+                                if keyfixed:
+                                    kb = _val_bytes(&self._key)
+                                    for i in range(0, n, step):
+                                        out += kb
+                                        out += vb[i:i + step]
+                                else:
+                                    for i in range(0, n, step):
+                                        v = vb[i:i + step]
+                                        lst.append((k, memoryview(v)
+                                                    if self._buffers else v))
+                            else:
+                                lst.append((k, self._v()))
+                            if dupdata:
+                                self._get(next_op)
+                            else:
+                                break
+            if pending is not None:
+                raise pending
+        finally:
+            free(kv)
         if keyfixed:
             return memoryview(out)
         return lst
