@@ -1183,14 +1183,16 @@ static void prefetch_sorted(lio_env *env, const lio_meta *snap,
 {
     size_t limit = env->readahead_pages < LIO_PREFETCH_MAX
                    ? env->readahead_pages : LIO_PREFETCH_MAX;
+    size_t before = SIZE_MAX;
     for (;;) {
         size_t left = 0, batch;
         for (size_t i = 0; i < n; i++)
             if (!lio_page_cached(env, snap, pgnos[i]))
                 pgnos[left++] = pgnos[i];
-        if (left == 0 || left == n)   /* done, or a batch brought nothing */
+        /* done, or the last pass brought nothing (a read failed) */
+        if (left == 0 || left >= before)
             return;
-        n = left;
+        before = n = left;
         for (size_t i = 0; i < n; i += batch) {
             batch = n - i < limit ? n - i : limit;
             lio_page_prefetch(env, snap, pgnos + i, batch);
@@ -1277,17 +1279,18 @@ size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
     lio_env *env = cur->env;
     lio_cursor s;               /* scratch: cur is left as it is */
     uint64_t *pgnos;
-    size_t budget = env->max_pages / 4, covered, m = 0;
+    lio_page **held;
+    size_t budget = env->max_pages / 4, covered, m = 0, nheld = 0, toread = 0;
 
     if (n == 0 || env->readahead_pages < 2 ||
         cur->mc.db.root == LIO_EMPTY_ROOT || cur->mc.db.depth == 0)
         return n;
     if (budget < 2)
         budget = 2;
-    /* leaves, then overflow pages and the leaves held meanwhile */
-    if (!(pgnos = malloc(2 * budget * sizeof *pgnos +
-                         budget * sizeof(lio_page *))))
+    /* leaves, overflow pages, and the leaves held by each step */
+    if (!(pgnos = malloc(2 * budget * (sizeof *pgnos + sizeof *held))))
         return n;
+    held = (lio_page **)(pgnos + 2 * budget);
     memset(&s, 0, sizeof s);
     s.env = env;
     s.snap = cur->snap;
@@ -1303,10 +1306,23 @@ size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
         if (keys[covered].size && (leaf = leaf_of(&s.mc, &keys[covered])))
             pgnos[m++] = leaf;
     }
-    prefetch_sorted(env, &s.snap, pgnos, sort_distinct(pgnos, m));
+    /* The leaves already cached are held while the others are read: the
+     * cache would otherwise recycle those that a lookup used once (its
+     * scan resistance) for the new ones.  Held, they count as used twice
+     * and stay. */
+    m = sort_distinct(pgnos, m);
+    for (size_t i = 0; i < m; i++) {
+        if ((held[nheld] = lio_page_peek(env, &s.snap, pgnos[i])))
+            nheld++;
+        else
+            pgnos[toread++] = pgnos[i];
+    }
+    prefetch_sorted(env, &s.snap, pgnos, toread);
     if (cur->mc.db.overflow_pages)
         prefetch_overflow(&s, keys, covered, budget, pgnos + budget,
-                          (lio_page **)(pgnos + 2 * budget));
+                          held + budget);
+    while (nheld)
+        lio_page_unpin(env, held[--nheld]);
     release_levels(&s.mc, 0);
     free(pgnos);
     return covered;

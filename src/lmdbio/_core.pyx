@@ -1929,6 +1929,13 @@ cdef class Cursor:
             return self._v()
         return default
 
+    cdef inline object _kept(self, const lio_val *v):
+        # What getmulti returns outlives the cursor's next operation (and
+        # the page it was on): a copy, a memoryview of it with buffers=True.
+        if self._buffers:
+            return memoryview(_val_bytes(v))
+        return _val_bytes(v)
+
     def getmulti(self, keys, dupdata=False, dupfixed_bytes=None,
                  keyfixed=False, values=True):
         """A list of `(key, value)` pairs for the keys in `keys` that exist
@@ -1941,7 +1948,9 @@ cdef class Cursor:
         together first, sorted, several reads in flight, a batch that fits
         in a quarter of the page cache at a time; then each key is looked
         up in the order given.  ``readahead=False`` reads each leaf as its
-        key is looked up."""
+        key is looked up.  With ``buffers=True`` keys and values are
+        memoryviews of copies: they stay valid after the call (py-lmdb's
+        point into its map)."""
         cdef lio_cursor_op get_op, next_op
         cdef Py_ssize_t i, n, step, m, pos
         cdef size_t covered
@@ -2021,7 +2030,7 @@ cdef class Cursor:
                         if not self._op_kv(LIO_SET_KEY, key, None):
                             continue
                         if not values:
-                            lst.append(self._k())
+                            lst.append(self._kept(&self._key))
                             continue
                         if keyfixed:
                             if keyfixed_size is None:
@@ -2032,7 +2041,7 @@ cdef class Cursor:
                                     'the same size')
                         while self.positioned:
                             self._get(get_op)
-                            k = self._k()
+                            k = self._kept(&self._key)
                             if step:
                                 vb = _val_bytes(&self._val)
                                 n = len(vb)
@@ -2047,7 +2056,7 @@ cdef class Cursor:
                                         lst.append((k, memoryview(v)
                                                     if self._buffers else v))
                             else:
-                                lst.append((k, self._v()))
+                                lst.append((k, self._kept(&self._val)))
                             if dupdata:
                                 self._get(next_op)
                             else:
