@@ -176,6 +176,10 @@ lio_page *lio_page_peek(lio_env *env, const lio_meta *snap, uint64_t pgno);
 /* Is page pgno of snapshot `snap` in the cache?  (No read.) */
 int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno);
 
+/* Do reads come from the device now, rather than from the OS cache?  (A
+ * hint from the timing of recent reads, or lio_env_assume_device.) */
+int lio_env_from_device(lio_env *env);
+
 /* Read-ahead: bring the pages pgnos[0..n) that are not cached yet into the
  * cache, in one plan run by the env's executor (several reads in flight,
  * neighbours coalesced).  At most readahead_pages of them, and never a

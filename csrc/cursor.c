@@ -1274,6 +1274,40 @@ static void prefetch_overflow(lio_cursor *s, const lio_val *keys, size_t n,
         lio_page_unpin(env, held[--nheld]);
 }
 
+/* Would the leaves of keys[0..n) be too far apart to be read together?
+ * Judged from an even sample of the keys: the pages their leaves spread
+ * over outnumber the keys several times (keys in random order over a
+ * tree much larger than them), rather than holding a few keys each (keys
+ * in order in an appended layout, or most of a small tree). */
+#define SAMPLE_KEYS 64
+static int sparse(tcursor *t, const lio_val *keys, size_t n)
+{
+    uint64_t v[SAMPLE_KEYS];
+    size_t m = 0, d;
+    for (size_t i = 0; i < SAMPLE_KEYS; i++) {
+        const lio_val *k = &keys[i * n / SAMPLE_KEYS];
+        if (k->size && (v[m] = leaf_of(t, k)))
+            m++;
+    }
+    if ((d = sort_distinct(v, m)) < 2)
+        return 0;
+    return v[d - 1] - v[0] > 4 * (uint64_t)n;
+}
+
+/* Of sorted distinct pgnos, those next to another one; the new count. */
+static size_t keep_neighbours(uint64_t *v, size_t n)
+{
+    size_t d = 0;
+    uint64_t prev = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t p = v[i];
+        if ((i > 0 && prev + 1 == p) || (i + 1 < n && p + 1 == v[i + 1]))
+            v[d++] = p;
+        prev = p;
+    }
+    return d;
+}
+
 size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
 {
     lio_env *env = cur->env;
@@ -1281,6 +1315,7 @@ size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
     uint64_t *pgnos;
     lio_page **held;
     size_t budget = env->max_pages / 4, covered, m = 0, nheld = 0, toread = 0;
+    int device = lio_env_from_device(env);
 
     if (n == 0 || env->readahead_pages < 2 ||
         cur->mc.db.root == LIO_EMPTY_ROOT || cur->mc.db.depth == 0)
@@ -1296,6 +1331,11 @@ size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
     s.snap = cur->snap;
     s.dcmp = cur->dcmp;
     tcursor_init(&s.mc, &s, &cur->mc.db, cur->mc.cmp, NULL);
+    if (!device && n > SAMPLE_KEYS && sparse(&s.mc, keys, n)) {
+        release_levels(&s.mc, 0);
+        free(pgnos);
+        return n;
+    }
 
     /* The keys' leaves, up to the budget: each key's leaf counts (a
      * repeated one too), so that the leaves of the keys covered fit in a
@@ -1306,11 +1346,16 @@ size_t lio_cursor_prefetch(lio_cursor *cur, const lio_val *keys, size_t n)
         if (keys[covered].size && (leaf = leaf_of(&s.mc, &keys[covered])))
             pgnos[m++] = leaf;
     }
+    /* From the OS cache a read costs no more than a lookup's own read: only
+     * leaves next to each other are worth reading ahead (one request for
+     * several).  From the device, all of them: several reads in flight. */
+    m = sort_distinct(pgnos, m);
+    if (!device)
+        m = keep_neighbours(pgnos, m);
     /* The leaves already cached are held while the others are read: the
      * cache would otherwise recycle those that a lookup used once (its
      * scan resistance) for the new ones.  Held, they count as used twice
      * and stay. */
-    m = sort_distinct(pgnos, m);
     for (size_t i = 0; i < m; i++) {
         if ((held[nheld] = lio_page_peek(env, &s.snap, pgnos[i])))
             nheld++;

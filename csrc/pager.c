@@ -480,6 +480,11 @@ int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno)
     return hit;
 }
 
+int lio_env_from_device(lio_env *env)
+{
+    return from_device(env);
+}
+
 void lio_env_assume_device(lio_env *env, int on)
 {
     env->assume_device = on;

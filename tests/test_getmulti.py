@@ -293,7 +293,7 @@ def test_damaged_one_page_overflow_value(trees, tmp_path):
 
 def test_leaves_of_a_shuffled_key_list_read_together(tmp_path):
     """Every key of an appended layout in a shuffled order: with read-ahead
-    the leaves come in few large requests, without it one per leaf."""
+    the leaves come in fewer, larger requests, without it one per leaf."""
     path = str(tmp_path)
     items = [(b"%07d" % i, b"x" * 200) for i in range(20000)]
     write_items(path, items, name=b"t")
@@ -301,7 +301,7 @@ def test_leaves_of_a_shuffled_key_list_read_together(tmp_path):
     keys = [k for k, _v in items]
     random.Random(2).shuffle(keys)
     counts, first = {}, {}
-    for cfg in (CONFIGS[1], CONFIGS[2]):
+    for cfg in (CONFIGS[1], CONFIGS[2], CONFIGS[5]):
         env = open_sub(path, cfg)
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
@@ -315,10 +315,15 @@ def test_leaves_of_a_shuffled_key_list_read_together(tmp_path):
                 assert got == keys
         finally:
             env.close()
-    # the first 1024 keys need most leaves: a few requests read them
+    # The first 1024 keys need most leaves.  From the OS cache the runs of
+    # neighbouring leaves are read in one request each (a leaf alone is
+    # left to its lookup); from the device every leaf is read ahead, a
+    # block around each.
     assert first["fast-no-readahead"] >= nleaves // 2
-    assert first["fast-readahead"] * 10 < nleaves, first
+    assert first["fast-readahead"] * 3 < first["fast-no-readahead"], first
+    assert first["readahead-device"] * 10 < nleaves, first
+    # later calls find most leaves cached; the holes between them are read
+    # one request each (in flight from the device), never more requests
     assert counts["fast-no-readahead"] >= nleaves
-    # (later batches find many of their leaves cached: the rest are holes
-    # between them, read one request per run of neighbours)
-    assert counts["fast-readahead"] * 2 < counts["fast-no-readahead"], counts
+    assert counts["fast-readahead"] < counts["fast-no-readahead"], counts
+    assert counts["readahead-device"] < counts["fast-no-readahead"], counts
