@@ -1148,9 +1148,25 @@ int lio_named_db(lio_env *env, const lio_meta *snap, const void *name,
  * report it. */
 static uint64_t leaf_of(tcursor *t, const lio_val *key)
 {
-    unsigned level;
+    unsigned level, lv;
     if (t->db.depth < 2)
         return t->db.root;
+    lv = t->db.depth - 2u;
+    if (t->pin[lv]) {
+        /* The leaf of the last key (in slot ki of the lowest branch page
+         * held) when the key lies between that slot's separators: keys in
+         * order need two comparisons, not a descent. */
+        const uint8_t *p = t->pg[lv];
+        unsigned i = t->ki[lv];
+        lio_val lo, hi;
+        if (i > 0 && i + 1u < pg_numkeys(p)) {
+            node_key(t, p, i, &lo);
+            node_key(t, p, i + 1, &hi);
+            if (lio_cmp(t->cmp, key, &lo) >= 0 &&
+                lio_cmp(t->cmp, key, &hi) < 0)
+                return nd_child(pg_node(p, i));
+        }
+    }
     if (!(t->pin[0] && t->pgno[0] == t->db.root) &&
         push_page(t, 0, t->db.root, 0))
         return 0;
@@ -1166,6 +1182,7 @@ static uint64_t leaf_of(tcursor *t, const lio_val *key)
         else
             i = t->ki[level] - (exact ? 0 : 1);
         child = nd_child(pg_node(p, i));
+        t->ki[level] = i;
         if (level + 2u >= t->db.depth)
             return child;
         if (!(t->pin[level + 1] && t->pgno[level + 1] == child) &&
