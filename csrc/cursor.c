@@ -1296,7 +1296,7 @@ static void prefetch_overflow(lio_cursor *s, const lio_val *keys, size_t n,
  * over outnumber the keys several times (keys in random order over a
  * tree much larger than them), rather than holding a few keys each (keys
  * in order in an appended layout, or most of a small tree). */
-#define SAMPLE_KEYS 64
+#define SAMPLE_KEYS 16
 static int sparse(tcursor *t, const lio_val *keys, size_t n)
 {
     uint64_t v[SAMPLE_KEYS];

@@ -1944,13 +1944,14 @@ cdef class Cursor:
         one memoryview with ``keyfixed=True``; only the keys with
         ``values=False``), as py-lmdb's ``Cursor.getmulti``.
 
-        The leaves the keys need (and their overflow values) are read
-        together first, sorted, several reads in flight, a batch that fits
-        in a quarter of the page cache at a time; then each key is looked
-        up in the order given.  ``readahead=False`` reads each leaf as its
-        key is looked up.  With ``buffers=True`` keys and values are
-        memoryviews of copies: they stay valid after the call (py-lmdb's
-        point into its map)."""
+        Before the lookups (in the order given), the leaves the keys need
+        and their overflow values are read ahead, sorted, a batch that fits
+        in a quarter of the page cache at a time: from the device all of
+        them, several reads in flight; from the OS cache the leaves that
+        neighbour each other, one request for several.  ``readahead=False``
+        reads each leaf as its key is looked up.  With ``buffers=True`` keys
+        and values are memoryviews of copies: they stay valid after the
+        call (py-lmdb's point into its map)."""
         cdef lio_cursor_op get_op, next_op
         cdef Py_ssize_t i, n, step, m, pos
         cdef size_t covered
