@@ -9,7 +9,8 @@
  *
  * Layer 5 of the core (after errors, page format, page cache and env).
  * May call: errors.c (lio_fail), format.c (checks, key order, records),
- * pager.c (pages, read-ahead, lio_read_into for overflow values). */
+ * pager.c (pages, read-ahead and its device hint, lio_read_into for overflow
+ * values). */
 #include <stdlib.h>
 
 #include "core.h"
