@@ -200,15 +200,17 @@ int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
 
 /* Read-ahead for lookups of keys[0..n) (a batch of gets): the leaves they
  * lead to, found through the branch pages (read when not cached) with the
- * tree's key order, are read together, sorted, several reads in flight
- * (lio_env_set_executor); so are their one-page overflow values, and
- * longer overflow runs are advised.  Only the first keys whose leaves fit
- * in a quarter of the cache are covered: the number covered (>= 1 when
- * n > 0) is returned, for the caller to look those up before the next
- * call.  The cursor's position is not changed, and nothing is reported: a
- * page that cannot be read or is damaged fails the lookup that needs it.
- * Without read-ahead (readahead_bytes < 2 pages) it reads nothing and
- * covers all n. */
+ * tree's key order, are read together, sorted: while reads come from the
+ * device all of them, several in flight (lio_env_set_executor); from the
+ * OS cache only leaves next to each other (one request for several), and
+ * nothing when a sample of the keys shows them spread thin.  Then their
+ * one-page overflow values; longer overflow runs are advised.  Only the
+ * first keys whose leaves fit in a quarter of the cache are covered: the
+ * number covered (>= 1 when n > 0) is returned, for the caller to look
+ * those up before the next call.  The cursor's position is not changed,
+ * and nothing is reported: a page that cannot be read or is damaged fails
+ * the lookup that needs it.  Without read-ahead (readahead_bytes < 2
+ * pages) it reads nothing and covers all n. */
 size_t lio_cursor_prefetch(lio_cursor *c, const lio_val *keys, size_t n);
 
 /* ---- planned reads (bulk path) ---------------------------------------- */
