@@ -598,7 +598,9 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     if (n == 0 || env->align > env->psize || env->psize % env->align)
         return;
     pthread_mutex_lock(&env->ra_lock);
-    around = device && around_map(env, snap) &&
+    /* (Under O_DIRECT the OS keeps nothing read into the sink: no block
+     * is read around the pages wanted.) */
+    around = device && env->align <= 1 && around_map(env, snap) &&
              (env->around_sink || !posix_memalign(
                  (void **)&env->around_sink, BUF_ALIGN(env),
                  (size_t)(around_pages(env) * env->psize)));
