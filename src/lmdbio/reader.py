@@ -687,7 +687,7 @@ class Reader:
         finds it after reading that share of the leaf headers, not all of
         them.  None: the whole index (one rank, a shuffled order, a share
         that wraps around, MPI's cooperative build)."""
-        n = self._file.entries
+        n = self.total_records
         if self._coll is not None or self.shuffle or self.world_size == 1:
             return None
         first, count = self._span()
@@ -759,12 +759,11 @@ class Reader:
         self._file.build_index()
         save(*self._file.index_arrays())
 
-    def _index_all(self, ordinals):
+    def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
-        `ordinals` (read() takes any) reach past it."""
+        read() asks for ordinals least..most past it."""
         lo, end = self._file.index_range
-        if len(ordinals) and (lo > 0 or end < self.total_records) and (
-                ordinals.min() < lo or ordinals.max() >= end):
+        if least < lo or most >= end:
             with self._lane_locks[0], self._lane_locks[1]:
                 self._file.build_index()
             index_cache, data = self._index_cache
@@ -1116,13 +1115,14 @@ class Reader:
         that order (random access; independent of the epoch and shard, and
         not collective even under MPI)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(indices) and (indices.min() < 0 or
-                             indices.max() >= self.total_records):
-            raise IndexError('record ordinal out of range (%d records)'
-                             % self.total_records)
-        if self._file is not None and self._parts is None and \
-                self._coll is None:
-            self._index_all(indices)
+        if len(indices):
+            least, most = int(indices.min()), int(indices.max())
+            if least < 0 or most >= self.total_records:
+                raise IndexError('record ordinal out of range (%d records)'
+                                 % self.total_records)
+            if self._file is not None and self._parts is None and \
+                    self._coll is None:
+                self._index_all(least, most)
         return self._read(indices)
 
     def __iter__(self):
