@@ -63,8 +63,8 @@ cdef class _Memory:
         free(self.ptr)
 
 
-# The Reader's largest window (reader.py's _WINDOW_BYTES).
-DEF _BLOCK_MIN = 4 << 20
+cdef enum:
+    _BLOCK_MIN = 4 << 20    # the Reader's largest window (_WINDOW_BYTES)
 
 
 cdef class _MemoryPool:
@@ -101,7 +101,7 @@ cdef class _MemoryPool:
             # At least _BLOCK_MIN: windows grow from one batch, and a block
             # big enough for the next window is reused instead of faulting
             # in fresh memory (its untouched pages cost nothing).
-            cap = (max(need, _BLOCK_MIN) + 4095) & ~(<size_t>4095)
+            cap = (max(need, <size_t>_BLOCK_MIN) + 4095) & ~(<size_t>4095)
             if posix_memalign(&p, 4096, cap):
                 raise MemoryError()
             m.ptr = <uint8_t *>p
