@@ -538,7 +538,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     for (size_t i = 0; i < n; i++) {
         uint64_t ord = (uint64_t)ordinals[i];
         if (ordinals[i] < 0 || ord < lo || ord >= total) {
-            if (lo)
+            if (lo || total != b->db.entries)   /* a partial index */
                 rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
                               "record ordinal %lld is outside the records "
                               "indexed (%llu..%llu)", (long long)ordinals[i],
