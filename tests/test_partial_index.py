@@ -78,6 +78,9 @@ def test_the_far_end_needs_fewer_headers_read(db):
     assert whole.index_range == (N - N // 8, N)
     assert whole.build_index_part(False, N // 8) < leaves // 2
     assert whole.index_range[0] == 0 and whole.index_range[1] >= N // 8
+    # past it: refused, never another record
+    with pytest.raises(lmdbio.Error, match="outside the records indexed"):
+        whole.read([N - 1], False)
     whole.close()
 
 
