@@ -79,6 +79,15 @@ def getmulti(env, keys, kw, buffers):
         return norm(got), norm(cur.item())
 
 
+def expected(path, keys):
+    """py-lmdb's getmulti of `keys` on db b"t" of the environment at path."""
+    ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+    try:
+        return getmulti(ref, keys, {}, False)
+    finally:
+        ref.close()
+
+
 @st.composite
 def call_st(draw, spec):
     """A key list and getmulti's options for a database of `spec`."""
@@ -135,11 +144,7 @@ def test_long_key_lists_cross_chunks(trees):
     path, spec = trees["plain"]
     keys = [spec.make_key(i) for i in range(N_KEYS + 30)] * 7
     random.Random(5).shuffle(keys)
-    ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
-    try:
-        want = getmulti(ref, keys, {}, False)
-    finally:
-        ref.close()
+    want = expected(path, keys)
     assert len(want[0]) == N_KEYS * 7
     for cfg in CONFIGS:
         env = open_sub(path, cfg)
@@ -276,11 +281,7 @@ def test_damaged_one_page_overflow_value(trees, tmp_path):
     patch(f.path, ov * f.psize + 10, "<H", 0x02)    # a leaf's flags
     keys = [spec.make_key(i) for i in range(N_KEYS) if i != 31]
     random.Random(6).shuffle(keys)
-    ref = lmdb.open(src, readonly=True, lock=False, max_dbs=4)
-    try:
-        want = getmulti(ref, keys, {}, False)
-    finally:
-        ref.close()
+    want = expected(src, keys)
     for cfg in CONFIGS:
         env = open_sub(path, cfg)
         try:
