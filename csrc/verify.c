@@ -73,23 +73,40 @@ typedef struct vstate {
 
 /* ---- reporting ------------------------------------------------------- */
 
-static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* One finding, formatted, counted and handed to the caller's callback: a
+ * problem (damage) or a note (what a healthy file may show). */
+static void vfinding(vstate *v, uint64_t pgno, int is_note, const char *fmt,
+                     va_list ap) __attribute__((format(printf, 4, 0)));
 
-static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
+static void vfinding(vstate *v, uint64_t pgno, int is_note, const char *fmt,
+                     va_list ap)
 {
     char msg[512];
-    va_list ap;
     if (v->stop)
         return;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
+    if (is_note) {
+        v->st->notes++;
+        if (v->o && v->o->note)
+            v->o->note(v->o->ctx, pgno, msg);
+        return;
+    }
     v->st->problems++;
     if (v->o && v->o->report)
         v->o->report(v->o->ctx, pgno, msg);
     if (v->o && v->o->max_problems && v->st->problems >= v->o->max_problems)
         v->stop = 1;
+}
+
+static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void problem(vstate *v, uint64_t pgno, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfinding(v, pgno, 0, fmt, ap);
+    va_end(ap);
 }
 
 /* Something a healthy file may show that a reader should know about. */
@@ -98,16 +115,10 @@ static void note(vstate *v, uint64_t pgno, const char *fmt, ...)
 
 static void note(vstate *v, uint64_t pgno, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
-    if (v->stop)
-        return;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vfinding(v, pgno, 1, fmt, ap);
     va_end(ap);
-    v->st->notes++;
-    if (v->o && v->o->note)
-        v->o->note(v->o->ctx, pgno, msg);
 }
 
 static void fatal(vstate *v, int rc, const lio_error *e)
