@@ -23,7 +23,7 @@ import struct
 import pytest
 
 from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch,
-                           sample_ops, write_env, write_items)
+                           read_syscalls, sample_ops, write_env, write_items)
 
 from conftest import import_subject, require
 
@@ -84,13 +84,18 @@ def build(path, spec_id, n_keys=700):
     return spec
 
 
-@pytest.fixture(scope="module")
-def trees(tmp_path_factory):
+def build_trees(tmp_path_factory, build, specs=SPECS):
+    """{spec id: (path, spec)}: one environment per spec, made by build."""
     out = {}
-    for sid in SPECS:
+    for sid in specs:
         p = str(tmp_path_factory.mktemp(sid))
         out[sid] = (p, build(p, sid))
     return out
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    return build_trees(tmp_path_factory, build)
 
 
 def norm(x):
@@ -238,6 +243,15 @@ def _leaves_in_key_order(path, db=b"t"):
     return f, sorted(leaves, key=lambda p: p.nodes[0].key)
 
 
+def scan_to_damage(txn):
+    """The records a full cursor scan yields before CorruptedError."""
+    got = []
+    with pytest.raises(lmdbio.CorruptedError):
+        for k, v in txn.cursor():
+            got.append((k, v))
+    return got
+
+
 def test_damaged_leaf_reached_only_by_readahead(tmp_path):
     """Leaf 6 in key order is damaged: a read-ahead batch holds it, yet the
     first five leaves read cleanly; the error comes when the cursor gets
@@ -255,24 +269,12 @@ def test_damaged_leaf_reached_only_by_readahead(tmp_path):
         env = open_sub(path, cfg)
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
-                got = []
-                with pytest.raises(lmdbio.CorruptedError):
-                    for k, v in txn.cursor():
-                        got.append((k, v))
-                assert got == items[:before], cfg[0]
+                assert scan_to_damage(txn) == items[:before], cfg[0]
                 # lookups in the healthy leaves still work
                 assert txn.get(items[0][0]) == items[0][1]
                 assert txn.get(items[before - 1][0]) == items[before - 1][1]
         finally:
             env.close()
-
-
-def _syscr():
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("syscr:"):
-                return int(line.split()[1])
-    raise AssertionError("no syscr in /proc/self/io")
 
 
 def test_readahead_reads_neighbouring_leaves_together(tmp_path):
@@ -287,9 +289,9 @@ def test_readahead_reads_neighbouring_leaves_together(tmp_path):
         env = open_sub(path, cfg)
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
-                r0 = _syscr()
+                r0 = read_syscalls()
                 n = sum(1 for _ in txn.cursor())
-                counts[cfg[0]] = _syscr() - r0
+                counts[cfg[0]] = read_syscalls() - r0
                 assert n == 20000
         finally:
             env.close()
@@ -353,10 +355,6 @@ def test_one_page_overflow_values_read_ahead(tmp_path):
         env = open_sub(path, cfg)
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
-                got = []
-                with pytest.raises(lmdbio.CorruptedError):
-                    for k, v in txn.cursor():
-                        got.append((k, v))
-                assert got == items[:30], cfg[0]
+                assert scan_to_damage(txn) == items[:30], cfg[0]
         finally:
             env.close()

@@ -22,11 +22,11 @@ import struct
 
 import pytest
 
-from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch, sample_ops,
-                           write_env, write_items)
+from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch,
+                           read_syscalls, sample_ops, write_env, write_items)
 
 from conftest import import_subject, require
-from test_cursor_readahead import CONFIGS, _syscr, norm, open_sub
+from test_cursor_readahead import CONFIGS, build_trees, norm, open_sub
 
 hypothesis = require("hypothesis", "pip install hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -59,11 +59,7 @@ def build(path, spec_id):
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory):
-    out = {}
-    for sid in SPECS:
-        p = str(tmp_path_factory.mktemp(sid))
-        out[sid] = (p, build(p, sid))
-    return out
+    return build_trees(tmp_path_factory, build, SPECS)
 
 
 def getmulti(env, keys, kw, buffers):
@@ -307,12 +303,12 @@ def test_leaves_of_a_shuffled_key_list_read_together(tmp_path):
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
                 cur = txn.cursor()
-                r0 = _syscr()
+                r0 = read_syscalls()
                 got = cur.getmulti(keys[:1024], values=False)
-                first[cfg[0]] = _syscr() - r0
+                first[cfg[0]] = read_syscalls() - r0
                 for i in range(1024, len(keys), 1024):
                     got += cur.getmulti(keys[i:i + 1024], values=False)
-                counts[cfg[0]] = _syscr() - r0
+                counts[cfg[0]] = read_syscalls() - r0
                 assert got == keys
         finally:
             env.close()

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from lmdb_fixtures import write_items
+from lmdb_fixtures import read_syscalls, write_items
 
 from conftest import import_subject, require
 
@@ -30,18 +30,10 @@ N_KEYS = 6000          # 1000 leaves of 4 KiB: far more than the cache
 CACHE = 64 * 4096      # the smallest cache: 64 pages
 
 
-def read_calls():
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("syscr:"):
-                return int(line.split()[1])
-    raise AssertionError("no syscr in /proc/self/io")
-
-
 def _own_reads():
     """Reading /proc/self/io is itself counted."""
-    before = read_calls()
-    return read_calls() - before
+    before = read_syscalls()
+    return read_syscalls() - before
 
 
 _OWN_READS = _own_reads()
@@ -59,10 +51,10 @@ def env_path(tmp_path_factory):
 
 
 def gets(txn, keys):
-    before = read_calls()
+    before = read_syscalls()
     for k in keys:
         assert txn.get(k) == bytes([int(k[1:]) % 251]) * 500
-    return read_calls() - before - _OWN_READS
+    return read_syscalls() - before - _OWN_READS
 
 
 def test_random_lookups_do_not_evict_a_working_set(env_path):
