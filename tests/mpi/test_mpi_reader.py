@@ -8,7 +8,6 @@ asserting, so one rank's failure fails all ranks instead of hanging them.
 """
 
 import os
-import struct
 
 import pytest
 
@@ -21,7 +20,8 @@ import numpy as np  # noqa: E402
 lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
-from mpi_support import RANK, SIZE, all_ok, comm, shared_dir  # noqa: E402,F401
+from mpi_support import (RANK, SIZE, all_ok, break_last_leaf, comm,  # noqa: E402,F401
+                         outcome, shared_dir)
 
 
 def _write(path, n, dupsort=False, seed=7):
@@ -163,35 +163,13 @@ def test_cooperative_index_and_cache(plain, tmp_path_factory):
 def test_corrupt_page_raises_on_every_rank(shared_dir):
     path = os.path.join(shared_dir, "corrupt")
     items = _write(path, 2000, seed=9)
-    if RANK == 0:
-        # Break the last leaf's first node offset: the index (leaf headers)
-        # does not see it; the rank(s) reading the end of the key space
-        # meet it mid-epoch.
-        env = lmdb.open(path, readonly=True, lock=False)
-        psize = env.stat()["psize"]
-        env.close()
-        with open(os.path.join(path, "data.mdb"), "r+b") as f:
-            data = f.read()
-            last = None
-            for pg in range(2, len(data) // psize):
-                off = pg * psize
-                flags = struct.unpack_from("<H", data, off + 10)[0]
-                if flags == 0x02:  # P_LEAF
-                    last = off
-            f.seek(last + 16)
-            f.write(struct.pack("<H", 1))  # odd, inside the header
-    comm.Barrier()
-    outcome = None
-    try:
+    break_last_leaf(path)
+
+    def read():
         with lmdbio.Reader(path, comm=comm, batch_size=50,
                            index_cache=False) as r:
             for _ in r:
                 pass
-        outcome = "no error"
-    except lmdbio.CorruptedError as e:
-        outcome = "CorruptedError" if "page" in str(e) else "no page: %s" % e
-    except Exception as e:  # noqa: BLE001
-        outcome = "%s: %s" % (type(e).__name__, e)
-    everyone = comm.allgather(outcome)
+    everyone = comm.allgather(outcome(read))
     assert everyone == ["CorruptedError"] * SIZE, everyone
     assert len(items) == 2000

@@ -18,7 +18,6 @@ Makefile's test-mpi and benches/bench_mpi.py do) so waiting ranks yield.
 """
 
 import os
-import struct
 import time
 
 import pytest
@@ -32,7 +31,8 @@ import numpy as np  # noqa: E402
 lmdb = require("lmdb", "pip install lmdb")
 import lmdbio  # noqa: E402
 
-from mpi_support import RANK, SIZE, all_ok, comm, shared_dir  # noqa: E402,F401
+from mpi_support import (RANK, SIZE, all_ok, break_last_leaf, comm,  # noqa: E402,F401
+                         outcome, shared_dir)
 
 
 def _write(path, n, seed=7, big_every=10, small=(0, 300)):
@@ -155,23 +155,7 @@ def test_window_mode_follows_density(plain):
 def test_corrupt_page_raises_on_every_rank_with_windows(shared_dir):
     path = os.path.join(shared_dir, "corrupt")
     items = _write(path, 4000, seed=9)
-    if RANK == 0:
-        # Break the last leaf's first node offset: the index (leaf headers)
-        # does not see it; the rank(s) reading the end of the key space
-        # meet it mid-epoch.
-        env = lmdb.open(path, readonly=True, lock=False)
-        psize = env.stat()["psize"]
-        env.close()
-        with open(os.path.join(path, "data.mdb"), "r+b") as f:
-            data = f.read()
-            last = None
-            for pg in range(2, len(data) // psize):
-                off = pg * psize
-                if struct.unpack_from("<H", data, off + 10)[0] == 0x02:
-                    last = off  # P_LEAF
-            f.seek(last + 16)
-            f.write(struct.pack("<H", 1))  # odd, inside the header
-    comm.Barrier()
+    break_last_leaf(path)
     # Batches each rank reads before meeting the damage on its own (no
     # communicator); under comm= every rank stops at the first of those.
     alone = 0
@@ -184,23 +168,18 @@ def test_corrupt_page_raises_on_every_rank_with_windows(shared_dir):
         pass
     first_damaged = min(comm.allgather(alone))
     for engine in ("auto", "mpiio", "posix"):
-        outcome, seen = None, 0
-        try:
+        seen = [0]
+
+        def read():
             with lmdbio.Reader(path, comm=comm, batch_size=50, engine=engine,
                                index_cache=False) as r:
                 for b in r:
-                    seen += len(b)
-            outcome = "no error"
-        except lmdbio.CorruptedError as e:
-            outcome = "CorruptedError" if "page" in str(e) else \
-                "no page: %s" % e
-        except Exception as e:  # noqa: BLE001
-            outcome = "%s: %s" % (type(e).__name__, e)
-        everyone = comm.allgather(outcome)
+                    seen[0] += len(b)
+        everyone = comm.allgather(outcome(read))
         assert everyone == ["CorruptedError"] * SIZE, (engine, everyone)
         # every batch before the damaged one was delivered on every rank
         # (the window that met it was read again batch by batch)
-        assert seen == 50 * first_damaged, (engine, seen, first_damaged)
+        assert seen[0] == 50 * first_damaged, (engine, seen, first_damaged)
 
 
 @pytest.fixture(scope="module")
