@@ -14,8 +14,10 @@ Where the peers run:
 
   (default)   every run in this process, one after the other
   --fresh     every run of every peer in a new ``python`` process, as users'
-              jobs run: the child imports its modules (untimed), then times
-              open + the read + close and reports its timing as JSON
+              jobs run: the child imports its modules (untimed, until the
+              process is idle: numpy's BLAS thread spins ~0.1 s after the
+              import), then times open + the read + close and reports its
+              timing as JSON
 
 Peers (``--peers``):
 
@@ -547,8 +549,22 @@ def _child(spec_json: str) -> int:
     spec = json.loads(spec_json)
     import numpy  # noqa: F401  (every peer's imports happen before timing)
     fn = prepare(spec)
+    _settle()
     print(json.dumps(_timed(fn)), flush=True)
     return 0
+
+
+def _settle(step=0.02, idle=0.2, limit=2.0):
+    """Wait until this process is idle: numpy's OpenBLAS thread spins on a
+    core for ~0.1 s after the import, which would land in the timed run of
+    whichever peer comes first (and take a core from a threaded one).  The
+    import is untimed, so is its tail."""
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        c0 = time.process_time()
+        time.sleep(step)
+        if time.process_time() - c0 < idle * step:
+            return
 
 
 def run_fresh(spec, timeout=3600):

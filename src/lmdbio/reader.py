@@ -799,8 +799,8 @@ class Reader:
         epoch)."""
         first, _ = self._span(rank)
         pos = np.arange(first + start, first + stop, dtype=np.int64)
-        if not self.drop_last:
-            pos %= self.total_records
+        if not self.drop_last and first + stop > self.total_records:
+            pos %= self.total_records  # the last ranks wrap to pad
         if not self.shuffle:
             return pos
         if self._perm is None or self._perm[0] != self.epoch:
