@@ -101,8 +101,22 @@ def read_all(module, path):
 # record index cached by the untimed warm-up walk, as in a later epoch).
 WALK = r"""
 import sys, time
+
+
+def settle(step=0.02):
+    # numpy's BLAS thread spins on a core for ~0.1 s after its import: the
+    # import is untimed, so is that tail (it would take a core from the
+    # Reader's threads).
+    for _ in range(100):
+        c0 = time.process_time()
+        time.sleep(step)
+        if time.process_time() - c0 < 0.2 * step:
+            return
+
+
 if sys.argv[1] == "reader":
     from lmdbio import Reader  # imports numpy: not timed, as for py-lmdb
+    settle()
     t0 = time.perf_counter()
     with Reader(sys.argv[2]) as r:
         n = sum(len(b) for b in r)
@@ -112,6 +126,7 @@ if sys.argv[1] == "lmdbio":
     import lmdbio as lmdb
 else:
     import lmdb
+settle()
 t0 = time.perf_counter()
 env = lmdb.open(sys.argv[2], readonly=True, lock=False)
 n = 0
