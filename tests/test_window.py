@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -262,6 +263,30 @@ def test_windows_grow_and_stay_within_prefetch_bytes(scattered_env):
                        index_cache=False) as r:
         assert sum(len(b) for b in r) == len(items)
         assert r.window_stats["max_batches"] == 1   # never below one batch
+
+
+def test_big_batches_read_ahead_one_window_per_lane(tmp_path):
+    """Batches larger than prefetch_bytes: one window per prefetch lane
+    ahead of the consumer, not four; small windows keep three."""
+    items = [(b"%04d" % i, bytes([i % 251]) * (20000 + i % 7))
+             for i in range(240)]
+    write_items(tmp_path, items)
+    with lmdbio.Reader(str(tmp_path), batch_size=20, prefetch_bytes=64 << 10,
+                       index_cache=False) as r:
+        got = []
+        for b in r:   # a slow consumer: the lanes read as far as allowed
+            time.sleep(0.01)
+            got += b.values.tolist()
+        assert got == [v for _, v in items]
+        assert r.window_stats["max_ahead"] == 2     # two lanes
+        assert r.window_stats["max_batches"] == 1
+    with lmdbio.Reader(str(tmp_path), batch_size=1, index_cache=False) as r:
+        n = 0
+        for b in r:
+            time.sleep(0.002)
+            n += len(b)
+        assert n == len(items)
+        assert r.window_stats["max_ahead"] == 3     # budget for all three
 
 
 def test_shuffled_window_reads_each_leaf_once(scattered_env):

@@ -100,8 +100,11 @@ cdef class _MemoryPool:
         else:
             # At least _BLOCK_MIN: windows grow from one batch, and a block
             # big enough for the next window is reused instead of faulting
-            # in fresh memory (its untouched pages cost nothing).
-            cap = (max(need, <size_t>_BLOCK_MIN) + 4095) & ~(<size_t>4095)
+            # in fresh memory (its untouched pages cost nothing).  An eighth
+            # more than asked: windows of the same batch count differ by a
+            # few percent, and a block a little short of the next is no use.
+            cap = (max(need + need // 8, <size_t>_BLOCK_MIN) + 4095) & \
+                ~(<size_t>4095)
             if posix_memalign(&p, 4096, cap):
                 raise MemoryError()
             m.ptr = <uint8_t *>p

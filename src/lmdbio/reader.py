@@ -572,7 +572,8 @@ class Reader:
         self._perm = None
         # Windows read so far, and the largest (bytes of leaves, values and
         # keys; batches): prefetching stays within prefetch_bytes.
-        self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0}
+        self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0,
+                             'max_ahead': 0}
         if self._parts is None:
             self._records = [self.total_records]
             self._txnids = [int(self._file.txnid)]
@@ -1205,7 +1206,8 @@ class Reader:
         many batches as fit in a quarter of prefetch_bytes (two being read,
         one consumed, one waiting) and _WINDOW_BYTES; the first is one
         batch, so that the first batch comes quickly, and each is at most
-        twice the last."""
+        twice the last.  Windows bigger than that (batches of big values)
+        are read at most one per lane ahead of the consumer."""
         bs = self.batch_size
         lanes = len(self._lane_locks)
         budget = max(1, min(self.prefetch_bytes // (lanes + 2), _WINDOW_BYTES))
@@ -1214,12 +1216,12 @@ class Reader:
         cond = threading.Condition()
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
-              'running': lanes}
+              'running': lanes, 'ahead': lanes}
 
         def claim():
             with cond:
                 while not stop.is_set() and st['pos'] < total and \
-                        st['seq'] - st['taken'] > lanes:
+                        st['seq'] - st['taken'] > st['ahead']:
                     cond.wait(0.1)
                 if stop.is_set() or st['pos'] >= total:
                     return None
@@ -1227,6 +1229,8 @@ class Reader:
                 claimed = st['seq'], st['pos'], nrec
                 st['seq'] += 1
                 st['pos'] += nrec
+                ws = self.window_stats
+                ws['max_ahead'] = max(ws['max_ahead'], st['seq'] - st['taken'])
                 return claimed
 
         def deliver(seq, batches, exc):
@@ -1243,6 +1247,12 @@ class Reader:
             with cond:
                 st['nbatch'] = max(1, min(2 * st['nbatch'],
                                           budget // per_batch))
+                # Windows read ahead of the consumer's: as many as
+                # prefetch_bytes holds, one per lane at least (both cores
+                # work), one more at most.  Batches of tens of MiB would
+                # otherwise keep four windows of fresh memory alive.
+                fits = self.prefetch_bytes // (st['nbatch'] * per_batch)
+                st['ahead'] = max(lanes, min(lanes + 1, fits)) - 1
                 ws = self.window_stats
                 ws['windows'] += 1
                 ws['max_bytes'] = max(ws['max_bytes'], size)
