@@ -15,6 +15,8 @@
 #                    tests against an ASan+UBSan build with the fault hook
 #                    (build/sanitize), then the fuzz targets over their corpora
 #   make fuzz-smoke  each libFuzzer target (fuzz/) for FUZZ_SECONDS (30)
+#   make bench-dali  lmdbio against the real NVIDIA DALI (fn.readers.caffe, CPU
+#                    pipeline) from its own .venv-dali (a 1.1 GB download)
 #   make clean       remove build leftovers; `make distclean` also removes .venv
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
@@ -47,7 +49,7 @@ DOCS_DEPS_STAMP := $(VENV)/.lmdbio-docs-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
 .PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
-	check-installed docs stubtest clean distclean \
+	check-installed docs stubtest clean distclean bench-dali \
 	sanitize-build test-sanitize fuzz-tools fuzz-smoke fuzz-regress
 
 all: install
@@ -215,4 +217,17 @@ clean:
 	rm -f $(INSTALL_STAMP)
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(DALI_VENV)
+
+# The real DALI in a virtual environment of its own (its wheels pin their
+# own dependencies); BENCH_ARGS go to benches/bench_dali.py.
+DALI_VENV ?= .venv-dali
+DALI_STAMP := $(DALI_VENV)/.dali.stamp
+BENCH_ARGS ?=
+$(DALI_STAMP):
+	$(PYTHON) -m venv $(DALI_VENV)
+	$(DALI_VENV)/bin/python -m pip install nvidia-dali-cuda120 numpy
+	touch $@
+
+bench-dali: $(INSTALL_STAMP) $(DEPS_STAMP) $(DALI_STAMP)
+	$(VPY) benches/bench_dali.py --dali-python $(DALI_VENV)/bin/python $(BENCH_ARGS)

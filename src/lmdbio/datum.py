@@ -31,6 +31,7 @@ import numpy as np
 
 from lmdbio import _datum
 from lmdbio.errors import DatumError
+from lmdbio.reader import Reader
 
 __all__ = ['decode', 'decode_one', 'encode', 'encode_file', 'read_mean',
            'Transform', 'DatumReader', 'DatumError', 'image_backend']
@@ -702,20 +703,13 @@ class DatumReader:
     def __init__(self, path, *, transform=None, prefetch=2,
                  decode_threads=None, force_color=None, force_gray=None,
                  color='bgr', **reader_kwargs):
-        from lmdbio.reader import Reader
-        import inspect
         self._path = ([os.fspath(p) for p in path]
                       if isinstance(path, (list, tuple)) else os.fspath(path))
         self._args = dict(transform=transform, prefetch=prefetch,
                           decode_threads=decode_threads,
                           force_color=force_color, force_gray=force_gray,
                           color=color, **reader_kwargs)
-        try:
-            params = inspect.signature(Reader).parameters
-        except (TypeError, ValueError):
-            params = {}
-        if 'keys' in params:
-            reader_kwargs.setdefault('keys', False)  # values are enough
+        reader_kwargs.setdefault('keys', False)  # values are enough
         _check_color(color)
         self.color = color
         self.transform = transform
