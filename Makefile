@@ -17,6 +17,8 @@
 #   make fuzz-smoke  each libFuzzer target (fuzz/) for FUZZ_SECONDS (30)
 #   make bench-dali  lmdbio against the real NVIDIA DALI (fn.readers.caffe, CPU
 #                    pipeline) from its own .venv-dali (a 1.1 GB download)
+#   make bench-torch lmdbio.torch against torchvision's LSUN dataset (its own
+#                    .venv-torchvision: torch's CPU build and torchvision)
 #   make clean       remove build leftovers; `make distclean` also removes .venv
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
@@ -49,7 +51,7 @@ DOCS_DEPS_STAMP := $(VENV)/.lmdbio-docs-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
 .PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
-	check-installed docs stubtest clean distclean bench-dali \
+	check-installed docs stubtest clean distclean bench-dali bench-torch \
 	sanitize-build test-sanitize fuzz-tools fuzz-smoke fuzz-regress
 
 all: install
@@ -217,7 +219,7 @@ clean:
 	rm -f $(INSTALL_STAMP)
 
 distclean: clean
-	rm -rf $(VENV) $(DALI_VENV)
+	rm -rf $(VENV) $(DALI_VENV) $(TV_VENV)
 
 # The real DALI in a virtual environment of its own (its wheels pin their
 # own dependencies); BENCH_ARGS go to benches/bench_dali.py.
@@ -231,3 +233,19 @@ $(DALI_STAMP):
 
 bench-dali: $(INSTALL_STAMP) $(DEPS_STAMP) $(DALI_STAMP)
 	$(VPY) benches/bench_dali.py --dali-python $(DALI_VENV)/bin/python $(BENCH_ARGS)
+
+# torchvision as PyPI ships it, with the torch it was built for (the torch
+# of .venv, requirements-test.txt).  Its compiled ops link PyPI's CUDA torch,
+# so a CPU torch from a local wheel directory (pip's find-links) cannot
+# load them: pip's local configuration is left out here.
+TV_VENV ?= .venv-torchvision
+TV_STAMP := $(TV_VENV)/.torchvision.stamp
+$(TV_STAMP):
+	$(PYTHON) -m venv $(TV_VENV)
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(TV_VENV)/bin/python -m pip \
+		install torch==2.13.0 torchvision==0.28.0 lmdb pillow numpy
+	$(TV_VENV)/bin/python -c "import torchvision.datasets"
+	touch $@
+
+bench-torch: $(INSTALL_STAMP) $(DEPS_STAMP) $(TV_STAMP)
+	$(VPY) benches/bench_torch.py --tv-python $(TV_VENV)/bin/python $(BENCH_ARGS)

@@ -159,6 +159,7 @@ def main(argv=None):
         "LMDBIO_DALI_PYTHON", DEFAULT_DALI_PYTHON),
         help="python of a venv with nvidia-dali (make bench-dali makes one)")
     a = ap.parse_args(argv)
+    a.dali_python = os.path.abspath(a.dali_python)
     if not os.path.exists(a.dali_python):
         raise SystemExit(f"bench_dali: no DALI python at {a.dali_python}: run "
                          "`make bench-dali`, or pass --dali-python")
