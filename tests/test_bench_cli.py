@@ -327,3 +327,20 @@ def test_compare_is_lmdbio_bench():
     spec.loader.exec_module(mod)
     assert mod.format_table.__module__ in ("lmdbio.bench", "lmdbio_bench")
     assert mod.ALL_PEERS == bench.ALL_PEERS
+
+
+@pytest.mark.parametrize("script,flag,target", [
+    ("bench_dali.py", "--dali-python", "make bench-dali"),
+    ("bench_torch.py", "--tv-python", "make bench-torch"),
+])
+def test_real_peer_benches_say_how_to_get_their_peer(tmp_path, script, flag,
+                                                     target):
+    """The real-peer benchmarks run their peer from its own venv: without
+    it, one line naming the make target that creates it."""
+    path = os.path.join(ROOT, "benches", script)
+    if not os.path.exists(path):
+        pytest.fail(f"benches/{script} is not in this tree")
+    p = subprocess.run([sys.executable, path, str(tmp_path), flag,
+                        str(tmp_path / "no-venv" / "python"), "--modes", "hot"],
+                       capture_output=True, text=True, timeout=120)
+    _one_line_error(p, "no-venv", target)
