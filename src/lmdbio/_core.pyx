@@ -32,8 +32,15 @@ Notes on behaviour:
   sends every step through lio_cursor_get, ``$LMDBIO_READAHEAD_DEVICE=1``
   reads as if the OS cache never held the file (read-around blocks, reads
   in flight).
+- A value in an overflow run that is not in the page cache is read by the
+  core straight into the bytes object returned (lio_cursor_defer_values,
+  lio_cursor_value_into): one copy, from the kernel into the object, and
+  only when the value is asked for (a scan of keys reads no such value).
+  A damaged run header is therefore reported by the call that returns the
+  value (``value()``, ``item()``, the iterators, ``get()``), not by the
+  positioning call before it.
 - ``buffers=True`` returns read-only memoryviews onto the page the cursor
-  holds (values in overflow pages: onto private copies).  As py-lmdb
+  holds (values in overflow pages: onto their own bytes objects).  As py-lmdb
   documents for its own buffers, they are valid until the next operation
   on the cursor (for ``Transaction.get``: on the transaction) and must not
   be used after it: the page may be evicted and reused.
@@ -182,6 +189,19 @@ cdef inline object _cur_val(lio_cursor *c, const lio_val *v, bint buffers):
     if v.size == 0:
         return b''
     return PyBytes_FromStringAndSize(<const char *>v.data, v.size)
+
+
+cdef object _value_into(lio_cursor *c, size_t size, Transaction t, what):
+    """The value c's last operation left unread (in an overflow run), read
+    by the core straight into a new bytes object."""
+    cdef object b = PyBytes_FromStringAndSize(NULL, size)
+    cdef void *dst = PyBytes_AS_STRING(b)
+    cdef int rc
+    with nogil:
+        rc = lio_cursor_value_into(c, dst)
+    if rc:
+        raise t._read_error(what, rc, lio_cursor_error(c))
+    return b
 
 
 cdef dict _dbrec_dict(const lio_dbrec *r):
@@ -1540,6 +1560,8 @@ cdef class Transaction:
         rc = lio_cursor_open(&c, self.env._env, &self.snap, &rec, &err)
         if rc:
             raise _core_error(what, rc, &err, self.env._dpath)
+        # overflow values: read into their bytes objects (_value_into)
+        lio_cursor_defer_values(c, 1)
         self.env._nopen += 1
         return c
 
@@ -1585,8 +1607,14 @@ cdef class Transaction:
                 return default
             raise self._read_error('mdb_get', rc,
                                    lio_cursor_error(self._scratch))
+        if dv.data == NULL and dv.size:
+            v = _value_into(self._scratch, dv.size, self, 'mdb_get')
+        else:
+            v = None
         if self.env._lock == NULL:
             self._count_read()
+        if v is not None:
+            return memoryview(v) if self._buffers else v
         return _cur_val(self._scratch, &dv, self._buffers)
 
     def cursor(self, db=None):
@@ -1675,6 +1703,7 @@ cdef class Cursor:
     cdef unsigned _dbflags
     cdef lio_val _key
     cdef lio_val _val
+    cdef object _vobj          # the value read into its own bytes (_fill)
     cdef object _kref          # inputs the core may still point at
     cdef object _vref
     cdef object __weakref__
@@ -1726,6 +1755,7 @@ cdef class Cursor:
         self.positioned = False
         self._key.size = 0
         self._val.size = 0
+        self._vobj = None
 
     def __dealloc__(self):
         if self._c != NULL and self.txn is not None:
@@ -1764,6 +1794,9 @@ cdef class Cursor:
                 rc = lio_cursor_get(self._c, &self._key, &self._val, op)
         if rc == 0:
             self.positioned = True
+            if (self._vobj is not None and self._val.data !=
+                    <const uint8_t *>PyBytes_AS_STRING(self._vobj)):
+                self._vobj = None   # the op gave another value
             t = self.txn
             if t.env._lock == NULL:
                 t._ops += 1
@@ -1773,6 +1806,7 @@ cdef class Cursor:
         self.positioned = False
         self._key.size = 0
         self._val.size = 0
+        self._vobj = None
         if rc != LIO_NOTFOUND and not (rc == LIO_EINVAL and
                                        op == LIO_GET_CURRENT):
             raise self.txn._read_error('mdb_cursor_get', rc,
@@ -1808,15 +1842,27 @@ cdef class Cursor:
         self._get(op)
         return self.positioned
 
+    cdef int _fill(self) except -1:
+        """Read the value the core left unread (an overflow run) into its
+        own bytes object, once per position; _val then points into it."""
+        self._vobj = _value_into(self._c, self._val.size, self.txn,
+                                 'mdb_cursor_get')
+        self._val.data = <const uint8_t *>PyBytes_AS_STRING(self._vobj)
+        return 0
+
     cdef inline object _k(self):
         return _cur_val(self._c, &self._key, self._buffers)
 
     cdef inline object _v(self):
+        if self._val.data == NULL and self._val.size:
+            self._fill()
+        if self._vobj is not None:
+            # its own object: no copy, valid for as long as it is held
+            return memoryview(self._vobj) if self._buffers else self._vobj
         return _cur_val(self._c, &self._val, self._buffers)
 
     cdef inline object _item(self):
-        return (_cur_val(self._c, &self._key, self._buffers),
-                _cur_val(self._c, &self._val, self._buffers))
+        return (_cur_val(self._c, &self._key, self._buffers), self._v())
 
     # ---- reading the current position -----------------------------------
 
@@ -1931,7 +1977,11 @@ cdef class Cursor:
 
     cdef inline object _kept(self, const lio_val *v):
         # What getmulti returns outlives the cursor's next operation (and
-        # the page it was on): a copy, a memoryview of it with buffers=True.
+        # the page it was on): a copy, a memoryview of it with buffers=True
+        # (a value read into its own object: that object).
+        if v == &self._val and (self._vobj is not None or
+                                (v.data == NULL and v.size)):
+            return self._v()
         if self._buffers:
             return memoryview(_val_bytes(v))
         return _val_bytes(v)
@@ -2044,6 +2094,8 @@ cdef class Cursor:
                             self._get(get_op)
                             k = self._kept(&self._key)
                             if step:
+                                if self._val.data == NULL and self._val.size:
+                                    self._fill()
                                 vb = _val_bytes(&self._val)
                                 n = len(vb)
                                 if keyfixed:
@@ -2225,11 +2277,10 @@ cdef class _Iterator:
                 raise StopIteration
         self.started = True
         if self.kind == 0:
-            return (_cur_val(c._c, &c._key, c._buffers),
-                    _cur_val(c._c, &c._val, c._buffers))
+            return c._item()
         if self.kind == 1:
             return _cur_val(c._c, &c._key, c._buffers)
-        return _cur_val(c._c, &c._val, c._buffers)
+        return c._v()
 
 
 
