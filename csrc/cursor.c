@@ -51,6 +51,12 @@ struct lio_cursor {
                                   * lio_cursor_value_into (its run's first
                                   * page), or 0 */
     uint32_t pend_size;
+    int walk;                    /* the current op starts or continues a
+                                  * walk forward (1), backward (-1), or
+                                  * seeks (0) */
+    uint64_t adv_leaf;           /* runs advised so far: in this leaf, */
+    unsigned adv_ki;             /* up to this node, */
+    int adv_dir;                 /* walking this way */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -333,6 +339,57 @@ static lio_page *one_page_value(tcursor *c, uint64_t pgno)
     return pg;
 }
 
+/* From a device, a walk over values in overflow runs reads each run when
+ * the value is asked for: one read in flight at a time, and no read-ahead
+ * by the OS when the runs are not in file order.  So the runs of the
+ * values the walk meets next in this leaf, up to RUNS_AHEAD_BYTES, are
+ * advised to the storage (WILLNEED: the OS reads them in the background,
+ * several at once), each once. */
+#define RUNS_AHEAD_BYTES (4u << 20)
+static void advise_runs(tcursor *c)
+{
+    lio_cursor *cur = c->cur;
+    lio_env *env = cur->env;
+    const uint8_t *p = top_page(c);
+    unsigned n = pg_numkeys(p), i = c->ki[c->top];
+    uint64_t leaf = c->pgno[c->top], bytes = 0;
+    int dir = cur->walk;
+    lio_executor ex;
+    if (!dir || c->subpage || env->readahead_pages < 2 ||
+        !lio_env_from_device(env))
+        return;
+    pthread_mutex_lock(&env->ra_lock);
+    ex = env->ex;
+    pthread_mutex_unlock(&env->ra_lock);
+    if (!ex.advise)
+        return;
+    if (cur->adv_leaf != leaf || cur->adv_dir != dir ||
+        (dir > 0 ? cur->adv_ki < i : cur->adv_ki > i))
+        cur->adv_ki = i;        /* nothing ahead of i advised yet */
+    for (unsigned j = i; bytes < RUNS_AHEAD_BYTES; ) {
+        const uint8_t *nd;
+        uint64_t first, np;
+        if (dir > 0 ? j + 1 >= n : j == 0)
+            break;
+        j = dir > 0 ? j + 1 : j - 1;
+        nd = pg_node(p, j);
+        if (!(nd_flags(nd) & F_BIGDATA))
+            continue;
+        first = ld64(nd_data(nd));
+        np = (PAGEHDRSZ + (uint64_t)nd_dsize(nd) + env->psize - 1) /
+             env->psize;
+        bytes += np * env->psize;
+        if ((dir > 0 ? j <= cur->adv_ki : j >= cur->adv_ki) || first < 2 ||
+            first > cur->snap.last_pg || np > cur->snap.last_pg - first + 1)
+            continue;
+        ex.advise(ex.ctx, first * env->psize, np * env->psize,
+                  LIO_ADVISE_WILLNEED);
+        cur->adv_ki = j;
+    }
+    cur->adv_leaf = leaf;
+    cur->adv_dir = dir;
+}
+
 /* The checks of an overflow run's first page p (its header), which must
  * hold a value of `size` bytes. */
 static int check_run(lio_cursor *cur, const uint8_t *p, uint64_t pgno,
@@ -393,6 +450,7 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
     if (need == 1 && (cur->ov_pin = one_page_value(c, pgno))) {
         p = cur->ov_pin->data;
     } else if (lazy && cur->defer && size) {
+        advise_runs(c);
         cur->pend_pgno = pgno;
         cur->pend_size = size;
         data->data = NULL;
@@ -887,6 +945,10 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
     int rc, exact = 0;
 
     cur->err.code = 0;
+    /* (a scan starts with FIRST or LAST) */
+    cur->walk = op == LIO_NEXT || op == LIO_NEXT_NODUP || op == LIO_FIRST ? 1
+                : op == LIO_PREV || op == LIO_PREV_NODUP || op == LIO_LAST
+                ? -1 : 0;
     switch (op) {
     case LIO_GET_CURRENT:
         rc = cursor_current(c, key, data);

@@ -226,18 +226,6 @@ static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
     return read_segs(env, off, &seg, 1, need, pgno, err);
 }
 
-int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
-                  size_t nseg, uint64_t pgno, lio_error *err)
-{
-    size_t len = 0;
-    int rc;
-    for (size_t i = 0; i < nseg; i++)
-        len += segs[i].len;
-    if ((rc = lio_check_extent(env, off, len, pgno, err)))
-        return rc;
-    return read_segs(env, off, segs, nseg, len, pgno, err);
-}
-
 int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
                   size_t *cap, const uint8_t **data, uint64_t pgno,
                   lio_error *err)
@@ -366,6 +354,24 @@ static void note_read(lio_env *env, int slow)
 static int from_device(lio_env *env)
 {
     return __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > DEVICE_SLOW;
+}
+
+int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
+                  size_t nseg, uint64_t pgno, lio_error *err)
+{
+    size_t len = 0;
+    int rc;
+    uint64_t t0;
+    for (size_t i = 0; i < nseg; i++)
+        len += segs[i].len;
+    if ((rc = lio_check_extent(env, off, len, pgno, err)))
+        return rc;
+    t0 = now_ns();
+    rc = read_segs(env, off, segs, nseg, len, pgno, err);
+    /* (as read-ahead batches: the OS cache serves a page in about a
+     * microsecond) */
+    note_read(env, now_ns() - t0 > DEVICE_READ_NS + 1000u * (len / env->psize));
+    return rc;
 }
 
 /* Read-around on a slow device: the aligned block of pages around a page

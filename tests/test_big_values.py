@@ -20,6 +20,7 @@ import os
 import random
 import struct
 import tempfile
+import time
 
 import pytest
 
@@ -323,3 +324,77 @@ def test_value_read_once_when_asked_into_its_object(tmp_path):
         r, same = check(True)
         assert r["set_key"] == 1 and r["value"] == 0 and r["keys"] == 12
         assert not same
+
+
+# ---------------------------------------------------------------------------
+# read-ahead of the runs a walk meets next
+
+
+def _cached(fd, off, length):
+    """Is [off, off+length) in the OS page cache?  Asked with cachestat(2)
+    (Linux 6.5), which reads nothing (a read, even one that may not wait,
+    would start the OS's read-ahead); None where it is missing."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(off, length)
+    st = (ctypes.c_uint64 * 5)()
+    if libc.syscall(451, fd, rng, st, 0) != 0:      # SYS_cachestat (x86-64)
+        return None
+    return st[0] * PS >= length
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_walk_from_a_device_advises_the_next_runs(tmp_path):
+    """Values written in random key order: the runs a scan meets next are
+    scattered over the file, out of reach of the OS's own read-ahead.
+    Walking from a device (as if: $LMDBIO_READAHEAD_DEVICE=1), the runs of
+    the next values in the leaf are advised (WILLNEED) and arrive in the
+    OS cache without being read by lmdbio; without read-ahead they do not."""
+    path = str(tmp_path)
+    n, size = 300, 15 * PS - 100
+    order = list(range(n))
+    random.Random(3).shuffle(order)
+    write_items(path, [(key_of(i), value_of(i, size)) for i in order])
+    f = LmdbFile(path)
+    run_of = {nd.key: struct.unpack_from("<Q", f.buf, nd.data_offset)[0]
+              for nd in f.bigdata_nodes()}
+    tree = [p.pgno for p in f.leaves() + f.branches()]
+    first = run_of[key_of(0)]
+
+    def far(pgno):
+        # not in a block read around a tree page, nor next to the first run
+        return all(abs(pgno - q) * PS > (4 << 20) for q in tree + [first])
+
+    ahead = [run_of[key_of(i)] for i in range(1, 40)
+             if far(run_of[key_of(i)])][:10]
+    assert len(ahead) >= 5
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        for cfg in (("no-readahead", {}, {"readahead": False}),
+                    ("device", {"LMDBIO_READAHEAD_DEVICE": "1"}, {})):
+            os.fsync(fd)             # (dirty pages are not dropped)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            state = [_cached(fd, r * PS, PS) for r in ahead]
+            if None in state:
+                pytest.skip("no cachestat(2) here (Linux < 6.5)")
+            if any(state):
+                pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
+            env = open_sub(path, cfg)
+            try:
+                with env.begin() as txn:
+                    cur = txn.cursor()
+                    assert cur.first() and cur.value() == value_of(0, size)
+                    # advice is asynchronous: up to 2 s for it, 0.3 s
+                    # for reads that should not come
+                    for _ in range(200 if cfg[0] == "device" else 30):
+                        if all(_cached(fd, r * PS, 15 * PS) for r in ahead):
+                            break
+                        time.sleep(0.01)
+                    cached = [_cached(fd, r * PS, 15 * PS) for r in ahead]
+            finally:
+                env.close()
+            assert all(cached) if cfg[0] == "device" else not any(cached), \
+                (cfg[0], cached)
+    finally:
+        os.close(fd)
