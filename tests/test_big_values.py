@@ -12,6 +12,10 @@ that the drop-in API returns (one copy, from the kernel into the object).
 * The path is taken: positioning on such a value reads none of it, asking
   for it reads it in one request, into the object returned (the same
   object when asked again, without another read).
+* The object of a value the program dropped takes a later value; values
+  the program keeps never change.
+* Walking from a device, the runs of the next values are advised to the
+  OS, which reads them ahead.
 """
 
 from __future__ import annotations
@@ -398,3 +402,82 @@ def test_walk_from_a_device_advises_the_next_runs(tmp_path):
                 (cfg[0], cached)
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# objects taken again once the program has let go of them
+
+
+def test_values_kept_by_the_program_are_never_changed(tmp_path):
+    """The objects of values the program dropped take later values; those
+    it keeps (in a list, as dict keys with their hash computed, behind a
+    memoryview) keep their content, and a retaken object's hash is its new
+    content's."""
+    path = str(tmp_path)
+    rnd = random.Random(5)
+    sizes = [rnd.choice([3 * PS, 5 * PS + 7, 6 * PS - 16, 40 * PS])
+             for _ in range(300)]
+    items = make(path, sizes)
+    want = dict(items)
+    for buffers in (False, True):
+        env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+        try:
+            with env.begin(db=env.open_db(b"t"), buffers=buffers) as txn:
+                kept, keys_of = [], {}
+                for i, (k, v) in enumerate(txn.cursor()):
+                    k = bytes(k)
+                    if not buffers:
+                        assert {want[k]: 1}.get(v) == 1     # hash == content
+                        hash(v)
+                    if i % 3 == 0:
+                        kept.append((k, v))
+                    elif i % 3 == 1 and not buffers:
+                        keys_of[v] = k
+                    # (the rest is dropped: its object may be taken again)
+                for k, v in kept:
+                    assert bytes(v) == want[k]
+                for v, k in keys_of.items():
+                    assert v == want[k] and keys_of[want[k]] == k
+                # the same by get
+                got = {}
+                for i, (k, _v) in enumerate(items):
+                    v = txn.get(k)
+                    if i % 2:
+                        got[k] = v
+                assert all(bytes(v) == want[k] for k, v in got.items())
+        finally:
+            env.close()
+
+
+def test_a_dropped_value_object_takes_the_next_value(tmp_path):
+    """Which object holds a value, as tracemalloc sees it: the memory a
+    dropped value's object was allocated with holds the next one."""
+    import tracemalloc
+    path = str(tmp_path)
+    items = make(path, [50000, 46000, 46000])
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+    tracemalloc.start(1)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            assert cur.first()
+            a = cur.value(); line_a = _line()  # noqa: E702
+            del a
+            assert cur.next()
+            b = cur.value(); line_b = _line()  # noqa: E702
+            assert b == items[1][1] and line_b != line_a
+            assert tracemalloc.get_object_traceback(b)[0].lineno == line_a
+            # kept: the next value gets new memory
+            assert cur.next()
+            c = cur.value(); line_c = _line()  # noqa: E702
+            assert c == items[2][1] and b == items[1][1]
+            assert tracemalloc.get_object_traceback(c)[0].lineno == line_c
+            assert line_c != line_b
+    finally:
+        tracemalloc.stop()
+        env.close()
+
+
+def _line():
+    import sys
+    return sys._getframe(1).f_lineno

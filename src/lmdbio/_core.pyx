@@ -36,6 +36,9 @@ Notes on behaviour:
   core straight into the bytes object returned (lio_cursor_defer_values,
   lio_cursor_value_into): one copy, from the kernel into the object, and
   only when the value is asked for (a scan of keys reads no such value).
+  The object of a value that the program has let go of takes a later one
+  (_Values): its memory is still mapped, where a new object's would be
+  faulted in fresh.
   A damaged run header is therefore reported by the call that returns the
   value (``value()``, ``item()``, the iterators, ``get()``), not by the
   positioning call before it.
@@ -59,6 +62,7 @@ from cpython.bytes cimport (PyBytes_FromStringAndSize, PyBytes_AS_STRING,
                             PyBytes_GET_SIZE, PyBytes_CheckExact)
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
                              PyBUF_SIMPLE, PyBUF_READ)
+from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Check
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
@@ -191,10 +195,92 @@ cdef inline object _cur_val(lio_cursor *c, const lio_val *v, bint buffers):
     return PyBytes_FromStringAndSize(<const char *>v.data, v.size)
 
 
-cdef object _value_into(lio_cursor *c, size_t size, Transaction t, what):
+cdef extern from *:
+    """
+    /* A bytes object that only lmdbio holds may take a new value (see
+     * _Values).  Not in free-threaded builds, where a reference count
+     * read by one thread says nothing of the others. */
+    #ifdef Py_GIL_DISABLED
+    #define LIO_REUSE_BYTES 0
+    #else
+    #define LIO_REUSE_BYTES 1
+    #endif
+    static void lio_bytes_retarget(PyObject *o, Py_ssize_t n)
+    {
+        /* length n (its memory holds at least n + 1 bytes), no hash */
+        Py_SET_SIZE(o, n);
+        PyBytes_AS_STRING(o)[n] = 0;
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic push
+    #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    #endif
+        ((PyBytesObject *)o)->ob_shash = -1;
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic pop
+    #endif
+    }
+    """
+    bint LIO_REUSE_BYTES
+    void lio_bytes_retarget(object o, Py_ssize_t n)
+    Py_ssize_t Py_REFCNT(PyObject *o)
+
+
+@cython.final
+cdef class _Values:
+    """The bytes objects that overflow values are read into, for one cursor.
+
+    A new object per value would land in fresh memory: glibc's malloc
+    returns the top of its heap to the kernel as such values (over 128 KiB)
+    are freed, and the kernel faults in and zeroes new pages for the next
+    one, which costs as much as reading the value.  So the last objects are
+    kept, and one that the program has let go of (this pool holds its only
+    reference) takes a later value whose length it can hold without
+    wasting more than a quarter of it: its memory is mapped and in the
+    CPU's caches.  No one can see the change: an object is reused only when
+    nothing else refers to it."""
+    cdef object cur, a, b            # the last value's object, two before
+    cdef Py_ssize_t ccur, ca, cb     # the lengths their memory holds
+
+    cdef object new(self, Py_ssize_t size):
+        """An object of length `size` for the next value."""
+        cdef object o = None
+        cdef Py_ssize_t cap = size, most = size + size // 4
+        # One that only this pool refers to (the casts take no reference)
+        # and whose memory holds size bytes, wasting at most a quarter.
+        if LIO_REUSE_BYTES:
+            if (self.cur is not None and size <= self.ccur <= most and
+                    Py_REFCNT(<PyObject *>self.cur) == 1):
+                o, cap, self.cur = self.cur, self.ccur, None
+            elif (self.a is not None and size <= self.ca <= most and
+                    Py_REFCNT(<PyObject *>self.a) == 1):
+                o, cap, self.a = self.a, self.ca, None
+            elif (self.b is not None and size <= self.cb <= most and
+                    Py_REFCNT(<PyObject *>self.b) == 1):
+                o, cap, self.b = self.b, self.cb, None
+            if o is not None:
+                lio_bytes_retarget(o, size)
+        if o is None:
+            o = PyBytes_FromStringAndSize(NULL, size)
+        # the previous object is kept in place of the smaller one kept
+        if self.cur is not None:
+            if self.a is None:
+                self.a, self.ca = self.cur, self.ccur
+            elif self.b is None:
+                self.b, self.cb = self.cur, self.ccur
+            elif self.ca <= self.cb and self.ca < self.ccur:
+                self.a, self.ca = self.cur, self.ccur
+            elif self.cb < self.ca and self.cb < self.ccur:
+                self.b, self.cb = self.cur, self.ccur
+        self.cur, self.ccur = o, cap
+        return o
+
+
+cdef object _value_into(lio_cursor *c, size_t size, _Values pool,
+                        Transaction t, what):
     """The value c's last operation left unread (in an overflow run), read
-    by the core straight into a new bytes object."""
-    cdef object b = PyBytes_FromStringAndSize(NULL, size)
+    by the core straight into a bytes object (of the pool, or new)."""
+    cdef object b = (pool.new(size) if pool is not None
+                     else PyBytes_FromStringAndSize(NULL, size))
     cdef void *dst = PyBytes_AS_STRING(b)
     cdef int rc
     with nogil:
@@ -1250,6 +1336,7 @@ cdef class Transaction:
     cdef uint64_t _seq         # env._seq at begin: the DBIs it knows
     cdef list _pending         # DBIs opened in this transaction
     cdef unsigned _ops         # reads since the last snapshot check (lock=False)
+    cdef _Values _values       # objects of get's overflow values
     cdef object __weakref__
 
     def __cinit__(self):
@@ -1467,6 +1554,7 @@ cdef class Transaction:
         self._valid = False
         self._pending = None
         self._cursors = None
+        self._values = None
         if self._scratch != NULL:
             lio_cursor_close(self._scratch)
             self._scratch = NULL
@@ -1608,7 +1696,10 @@ cdef class Transaction:
             raise self._read_error('mdb_get', rc,
                                    lio_cursor_error(self._scratch))
         if dv.data == NULL and dv.size:
-            v = _value_into(self._scratch, dv.size, self, 'mdb_get')
+            if self._values is None:
+                self._values = _Values()
+            v = _value_into(self._scratch, dv.size, self._values, self,
+                            'mdb_get')
         else:
             v = None
         if self.env._lock == NULL:
@@ -1704,6 +1795,7 @@ cdef class Cursor:
     cdef lio_val _key
     cdef lio_val _val
     cdef object _vobj          # the value read into its own bytes (_fill)
+    cdef _Values _values       # objects of the overflow values
     cdef object _kref          # inputs the core may still point at
     cdef object _vref
     cdef object __weakref__
@@ -1756,6 +1848,7 @@ cdef class Cursor:
         self._key.size = 0
         self._val.size = 0
         self._vobj = None
+        self._values = None
 
     def __dealloc__(self):
         if self._c != NULL and self.txn is not None:
@@ -1845,8 +1938,10 @@ cdef class Cursor:
     cdef int _fill(self) except -1:
         """Read the value the core left unread (an overflow run) into its
         own bytes object, once per position; _val then points into it."""
-        self._vobj = _value_into(self._c, self._val.size, self.txn,
-                                 'mdb_cursor_get')
+        if self._values is None:
+            self._values = _Values()
+        self._vobj = _value_into(self._c, self._val.size, self._values,
+                                 self.txn, 'mdb_cursor_get')
         self._val.data = <const uint8_t *>PyBytes_AS_STRING(self._vobj)
         return 0
 
