@@ -227,7 +227,8 @@ cdef extern from *:
 
 @cython.final
 cdef class _Values:
-    """The bytes objects that overflow values are read into, for one cursor.
+    """The bytes objects that overflow values are read into, for one cursor
+    (or a transaction's get).
 
     A new object per value would land in fresh memory: glibc's malloc
     returns the top of its heap to the kernel as such values (over 128 KiB)
