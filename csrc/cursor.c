@@ -1146,6 +1146,7 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
     lio_val k = *key;
     int exact = 0;
     cur->err.code = 0;
+    cur->walk = 0;
     /* mdb_get starts from a fresh cursor; the pinned root stays usable. */
     c->flags = 0;
     c->snum = c->top = 0;

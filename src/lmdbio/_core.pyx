@@ -36,12 +36,11 @@ Notes on behaviour:
   core straight into the bytes object returned (lio_cursor_defer_values,
   lio_cursor_value_into): one copy, from the kernel into the object, and
   only when the value is asked for (a scan of keys reads no such value).
-  The object of a value that the program has let go of takes a later one
-  (_Values): its memory is still mapped, where a new object's would be
-  faulted in fresh.
   A damaged run header is therefore reported by the call that returns the
   value (``value()``, ``item()``, the iterators, ``get()``), not by the
-  positioning call before it.
+  positioning call before it.  The object of a value that the program has
+  let go of takes a later one (_Values): its memory is still mapped, where
+  a new object's would be faulted in fresh.
 - ``buffers=True`` returns read-only memoryviews onto the page the cursor
   holds (values in overflow pages: onto their own bytes objects).  As py-lmdb
   documents for its own buffers, they are valid until the next operation
@@ -199,8 +198,11 @@ cdef extern from *:
     """
     /* A bytes object that only lmdbio holds may take a new value (see
      * _Values).  Not in free-threaded builds, where a reference count
-     * read by one thread says nothing of the others. */
-    #ifdef Py_GIL_DISABLED
+     * read by one thread says nothing of the others, nor on PyPy, nor on
+     * CPython versions whose bytes objects were not checked (up to 3.14
+     * they carry the cached hash ob_shash that is reset here). */
+    #if defined(Py_GIL_DISABLED) || defined(PYPY_VERSION) || \
+        PY_VERSION_HEX >= 0x030F0000
     #define LIO_REUSE_BYTES 0
     #else
     #define LIO_REUSE_BYTES 1
@@ -279,9 +281,8 @@ cdef class _Values:
 cdef object _value_into(lio_cursor *c, size_t size, _Values pool,
                         Transaction t, what):
     """The value c's last operation left unread (in an overflow run), read
-    by the core straight into a bytes object (of the pool, or new)."""
-    cdef object b = (pool.new(size) if pool is not None
-                     else PyBytes_FromStringAndSize(NULL, size))
+    by the core straight into a bytes object of the pool."""
+    cdef object b = pool.new(size)
     cdef void *dst = PyBytes_AS_STRING(b)
     cdef int rc
     with nogil:
