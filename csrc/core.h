@@ -200,6 +200,13 @@ int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
                   size_t *cap, const uint8_t **data, uint64_t pgno,
                   lio_error *err);
 
+/* Read consecutive file bytes at off into segs[0..nseg) (at most
+ * LIO_READV_MAX), in one request where the source can scatter (an
+ * overflow run's header and its value into different buffers).  Fails
+ * when the range passes the end of the file.  Sources with align 1 only. */
+int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
+                  size_t nseg, uint64_t pgno, lio_error *err);
+
 /* Is [off, off+len) inside the data file?  LIO_PAGE_NOTFOUND naming pgno
  * if not (the size is re-read once: a live writer grows the file). */
 int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,

@@ -9,8 +9,8 @@
  *
  * Layer 5 of the core (after errors, page format, page cache and env).
  * May call: errors.c (lio_fail), format.c (checks, key order, records),
- * pager.c (pages, read-ahead and its device hint, lio_read_into for overflow
- * values). */
+ * pager.c (pages, read-ahead and its device hint, lio_read_into and
+ * lio_read_segs for overflow values). */
 #include <stdlib.h>
 
 #include "core.h"
@@ -46,6 +46,17 @@ struct lio_cursor {
     uint32_t ov_size;            /* its size */
     const uint8_t *ov_data;
     lio_page *ov_pin;            /* the cache page ov_data points into */
+    int defer;                   /* lio_cursor_defer_values */
+    uint64_t pend_pgno;          /* the last value left unread, for
+                                  * lio_cursor_value_into (its run's first
+                                  * page), or 0 */
+    uint32_t pend_size;
+    int walk;                    /* the current op starts or continues a
+                                  * walk forward (1), backward (-1), or
+                                  * seeks (0) */
+    uint64_t adv_leaf;           /* runs advised so far: in this leaf, */
+    unsigned adv_ki;             /* up to this node, */
+    int adv_dir;                 /* walking this way */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -328,7 +339,86 @@ static lio_page *one_page_value(tcursor *c, uint64_t pgno)
     return pg;
 }
 
-static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
+/* From a device, a walk over values in overflow runs reads each run when
+ * the value is asked for: one read in flight at a time, and no read-ahead
+ * by the OS when the runs are not in file order.  So the runs of the
+ * values the walk meets next in this leaf, up to RUNS_AHEAD_BYTES, are
+ * advised to the storage (WILLNEED: the OS reads them in the background,
+ * several at once), each once. */
+#define RUNS_AHEAD_BYTES (4u << 20)
+static void advise_runs(tcursor *c)
+{
+    lio_cursor *cur = c->cur;
+    lio_env *env = cur->env;
+    const uint8_t *p = top_page(c);
+    unsigned n = pg_numkeys(p), i = c->ki[c->top];
+    uint64_t leaf = c->pgno[c->top], bytes = 0;
+    int dir = cur->walk;
+    lio_executor ex;
+    if (!dir || c->subpage || env->readahead_pages < 2 ||
+        !lio_env_from_device(env))
+        return;
+    pthread_mutex_lock(&env->ra_lock);
+    ex = env->ex;
+    pthread_mutex_unlock(&env->ra_lock);
+    if (!ex.advise)
+        return;
+    if (cur->adv_leaf != leaf || cur->adv_dir != dir ||
+        (dir > 0 ? cur->adv_ki < i : cur->adv_ki > i))
+        cur->adv_ki = i;        /* nothing ahead of i advised yet */
+    for (unsigned j = i; bytes < RUNS_AHEAD_BYTES; ) {
+        const uint8_t *nd;
+        uint64_t first, np;
+        if (dir > 0 ? j + 1 >= n : j == 0)
+            break;
+        j = dir > 0 ? j + 1 : j - 1;
+        nd = pg_node(p, j);
+        if (!(nd_flags(nd) & F_BIGDATA))
+            continue;
+        first = ld64(nd_data(nd));
+        np = (PAGEHDRSZ + (uint64_t)nd_dsize(nd) + env->psize - 1) /
+             env->psize;
+        bytes += np * env->psize;
+        if ((dir > 0 ? j <= cur->adv_ki : j >= cur->adv_ki) || first < 2 ||
+            first > cur->snap.last_pg || np > cur->snap.last_pg - first + 1)
+            continue;
+        ex.advise(ex.ctx, first * env->psize, np * env->psize,
+                  LIO_ADVISE_WILLNEED);
+        cur->adv_ki = j;
+    }
+    cur->adv_leaf = leaf;
+    cur->adv_dir = dir;
+}
+
+/* The checks of an overflow run's first page p (its header), which must
+ * hold a value of `size` bytes. */
+static int check_run(lio_cursor *cur, const uint8_t *p, uint64_t pgno,
+                     uint32_t size)
+{
+    uint64_t need = (PAGEHDRSZ + (uint64_t)size + cur->env->psize - 1) /
+                    cur->env->psize;
+    if (pg_pgno(p) != pgno)
+        return lio_fail(&cur->err, LIO_CORRUPTED, pgno, "page %llu: overflow "
+                        "page carries another page number",
+                        (unsigned long long)pgno);
+    if ((pg_flags(p) & ~P_DIRTY) != P_OVERFLOW || (pg_flags(p) & P_DIRTY))
+        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
+                        "page %llu: flags 0x%x where an overflow page was "
+                        "expected", (unsigned long long)pgno, pg_flags(p));
+    if (pg_ovpages(p) < need)
+        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
+                        "page %llu: overflow run of %u pages cannot hold a "
+                        "value of %u bytes", (unsigned long long)pgno,
+                        pg_ovpages(p), size);
+    return LIO_SUCCESS;
+}
+
+/* The value of node `leaf`, in an overflow run.  lazy: when the cursor
+ * defers values (lio_cursor_defer_values) and the value is neither in the
+ * page cache nor the last one read, leave it for lio_cursor_value_into
+ * (data->data NULL); the checks that need no read are made now. */
+static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
+                         int lazy)
 {
     lio_cursor *cur = c->cur;
     lio_env *env = cur->env;
@@ -357,24 +447,22 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
                         (unsigned long long)cur->snap.last_pg);
     lio_page_unpin(env, cur->ov_pin);
     cur->ov_pin = NULL;
-    if (need == 1 && (cur->ov_pin = one_page_value(c, pgno)))
+    if (need == 1 && (cur->ov_pin = one_page_value(c, pgno))) {
         p = cur->ov_pin->data;
-    else if ((rc = lio_read_into(env, pgno * env->psize,
-                                 PAGEHDRSZ + (size_t)size, &cur->ovbuf,
-                                 &cur->ovcap, &p, pgno, &cur->err)))
+    } else if (lazy && cur->defer && size) {
+        advise_runs(c);
+        cur->pend_pgno = pgno;
+        cur->pend_size = size;
+        data->data = NULL;
+        data->size = size;
+        return LIO_SUCCESS;
+    } else if ((rc = lio_read_into(env, pgno * env->psize,
+                                   PAGEHDRSZ + (size_t)size, &cur->ovbuf,
+                                   &cur->ovcap, &p, pgno, &cur->err))) {
         return rc;
-    if (pg_pgno(p) != pgno)
-        return fail(c, LIO_CORRUPTED, pgno,
-                    "overflow page carries another page number");
-    if ((pg_flags(p) & ~P_DIRTY) != P_OVERFLOW || (pg_flags(p) & P_DIRTY))
-        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
-                        "page %llu: flags 0x%x where an overflow page was "
-                        "expected", (unsigned long long)pgno, pg_flags(p));
-    if (pg_ovpages(p) < need)
-        return lio_fail(&cur->err, LIO_CORRUPTED, pgno,
-                        "page %llu: overflow run of %u pages cannot hold a "
-                        "value of %u bytes", (unsigned long long)pgno,
-                        pg_ovpages(p), size);
+    }
+    if ((rc = check_run(cur, p, pgno, size)))
+        return rc;
     cur->ov_pgno = pgno;
     cur->ov_size = size;
     cur->ov_data = p + PAGEHDRSZ;
@@ -383,10 +471,13 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data)
     return LIO_SUCCESS;
 }
 
-static int node_read(tcursor *c, const uint8_t *leaf, lio_val *data)
+/* A node's value; an overflow value may be left for the caller (lazy, as
+ * read_overflow). */
+static int node_read(tcursor *c, const uint8_t *leaf, lio_val *data,
+                     int lazy)
 {
     if (nd_flags(leaf) & F_BIGDATA)
-        return read_overflow(c, leaf, data);
+        return read_overflow(c, leaf, data, lazy);
     data->size = nd_dsize(leaf);
     data->data = nd_data(leaf);
     return LIO_SUCCESS;
@@ -521,7 +612,7 @@ static int land(tcursor *c, const uint8_t *leaf, lio_val *key, lio_val *data,
                       : cursor_first(c->x, data, NULL);
         if (rc)
             return rc;
-    } else if (data && (rc = node_read(c, leaf, data))) {
+    } else if (data && (rc = node_read(c, leaf, data, 1))) {
         return rc;
     }
     get_key(leaf, key);
@@ -761,7 +852,8 @@ set1:
     } else if (data) {
         if (op == LIO_GET_BOTH || op == LIO_GET_BOTH_RANGE) {
             lio_val d2;
-            if ((rc = node_read(c, leaf, &d2)))
+            /* (compared here: read now) */
+            if ((rc = node_read(c, leaf, &d2, 0)))
                 return rc;
             rc = lio_cmp(c->cur->dcmp, data, &d2);
             if (rc) {
@@ -772,7 +864,7 @@ set1:
             *data = d2;
         } else {
             x_reset(c);
-            if ((rc = node_read(c, leaf, data)))
+            if ((rc = node_read(c, leaf, data, 1)))
                 return rc;
         }
     }
@@ -806,7 +898,7 @@ static int cursor_current(tcursor *c, lio_val *key, lio_val *data)
                             "DUPSORT");
             return cursor_current(c->x, data, NULL);
         }
-        return node_read(c, leaf, data);
+        return node_read(c, leaf, data, 1);
     }
     return LIO_SUCCESS;
 }
@@ -838,7 +930,7 @@ static int dup_move(tcursor *c, lio_val *key, lio_val *data, int last)
     leaf = cur_leaf(c);
     if (!(nd_flags(leaf) & F_DUPDATA)) {
         get_key(leaf, key);
-        return node_read(c, leaf, data);
+        return node_read(c, leaf, data, 1);
     }
     if (!(c->x->flags & C_INITIALIZED))
         return LIO_EINVAL;
@@ -853,6 +945,10 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
     int rc, exact = 0;
 
     cur->err.code = 0;
+    /* (a scan starts with FIRST or LAST) */
+    cur->walk = op == LIO_NEXT || op == LIO_NEXT_NODUP || op == LIO_FIRST ? 1
+                : op == LIO_PREV || op == LIO_PREV_NODUP || op == LIO_LAST
+                ? -1 : 0;
     switch (op) {
     case LIO_GET_CURRENT:
         rc = cursor_current(c, key, data);
@@ -1050,6 +1146,7 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
     lio_val k = *key;
     int exact = 0;
     cur->err.code = 0;
+    cur->walk = 0;
     /* mdb_get starts from a fresh cursor; the pinned root stays usable. */
     c->flags = 0;
     c->snum = c->top = 0;
@@ -1058,6 +1155,36 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 }
 
 const lio_error *lio_cursor_error(const lio_cursor *cur) { return &cur->err; }
+
+void lio_cursor_defer_values(lio_cursor *cur, int on)
+{
+    /* Under O_DIRECT reads need aligned memory, which the caller's is not:
+     * there values are read as before (into the cursor's aligned buffer,
+     * then copied by the caller). */
+    cur->defer = on && cur->env->align <= 1;
+}
+
+int lio_cursor_value_into(lio_cursor *cur, void *dst)
+{
+    uint8_t hdr[PAGEHDRSZ];
+    lio_seg segs[2];
+    uint64_t pgno = cur->pend_pgno;
+    int rc;
+    cur->err.code = 0;
+    if (!pgno)
+        return lio_fail(&cur->err, LIO_EINVAL, LIO_NO_PAGE,
+                        "no value is waiting to be read");
+    /* The run's header and the value in one request: the value straight
+     * into dst, the header beside it to be checked. */
+    segs[0].dst = hdr;
+    segs[0].len = PAGEHDRSZ;
+    segs[1].dst = dst;
+    segs[1].len = cur->pend_size;
+    if ((rc = lio_read_segs(cur->env, pgno * cur->env->psize, segs, 2, pgno,
+                            &cur->err)))
+        return rc;
+    return check_run(cur, hdr, pgno, cur->pend_size);
+}
 
 static void tcursor_init(tcursor *c, lio_cursor *cur, const lio_dbrec *db,
                          int cmp, tcursor *x)

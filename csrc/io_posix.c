@@ -140,12 +140,16 @@ static ssize_t x_pread(lio_posix *p, void *buf, size_t len, off_t off)
 /* A read interrupted this many times in a row is an error, not a hang. */
 #define EINTR_RETRIES 1000
 
-static int64_t posix_read(void *ctx, uint64_t off, void *buf, size_t len)
+/* One request of the source (pread for one buffer, else preadv), retried
+ * on EINTR and EIO. */
+static int64_t read_retried(lio_posix *p, struct iovec *iov, int cnt,
+                            uint64_t off)
 {
-    lio_posix *p = ctx;
     int eio = 0, eintr = 0;
     for (;;) {
-        ssize_t n = x_pread(p, buf, len, (off_t)off);
+        ssize_t n = cnt == 1 ? x_pread(p, iov[0].iov_base, iov[0].iov_len,
+                                       (off_t)off)
+                             : x_preadv(p, iov, cnt, (off_t)off);
         if (n >= 0)
             return n;
         if ((errno == EINTR && eintr++ < EINTR_RETRIES) ||
@@ -153,6 +157,25 @@ static int64_t posix_read(void *ctx, uint64_t off, void *buf, size_t len)
             continue;
         return -errno;
     }
+}
+
+static int64_t posix_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+    struct iovec iov = {buf, len};
+    return read_retried(ctx, &iov, 1, off);
+}
+
+static int64_t posix_readv(void *ctx, uint64_t off, const lio_seg *segs,
+                           size_t nseg)
+{
+    struct iovec iov[LIO_READV_MAX];
+    if (nseg == 0 || nseg > LIO_READV_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < nseg; i++) {
+        iov[i].iov_base = segs[i].dst;
+        iov[i].iov_len = segs[i].len;
+    }
+    return read_retried(ctx, iov, (int)nseg, off);
 }
 
 static int64_t posix_size(void *ctx)
@@ -221,6 +244,7 @@ void lio_posix_get_source(lio_posix *p, lio_source *src)
     src->read = posix_read;
     src->size = posix_size;
     src->align = p->align;
+    src->readv = posix_readv;
 }
 
 void lio_posix_close(lio_posix *p)

@@ -66,6 +66,15 @@ typedef struct lio_val {
     size_t size;
 } lio_val;
 
+/* A piece of a scatter read: len bytes to dst. */
+typedef struct lio_seg {
+    uint8_t *dst;
+    size_t len;
+} lio_seg;
+
+/* The most segments a source's readv is given at once. */
+#define LIO_READV_MAX 16
+
 /* Where bytes come from. */
 typedef struct lio_source {
     void *ctx;
@@ -76,6 +85,12 @@ typedef struct lio_source {
     /* Current size of the file in bytes, or a negative errno. */
     int64_t (*size)(void *ctx);
     size_t align;        /* 1, or the O_DIRECT alignment */
+    /* Optional (NULL: one read per segment): read consecutive bytes at off
+     * into segs[0..nseg) in order, nseg <= LIO_READV_MAX, in one request.
+     * Returns bytes read (fewer than asked only at end of file) or a
+     * negative errno.  Used only by sources with align 1. */
+    int64_t (*readv)(void *ctx, uint64_t off, const lio_seg *segs,
+                     size_t nseg);
 } lio_source;
 
 /* One B+tree's record (MDB_db, 48 bytes on disk). */
@@ -180,6 +195,22 @@ void lio_cursor_close(lio_cursor *c);
  * SET*, GET_BOTH* and outputs always.  Errors: lio_cursor_error(c). */
 int lio_cursor_get(lio_cursor *c, lio_val *key, lio_val *data,
                    lio_cursor_op op);
+/* Values read straight into the caller's memory (one copy from the
+ * source, none through the cursor).  With `on`, an operation that lands
+ * on a value in an overflow run which is neither in the page cache nor
+ * the cursor's last value leaves it unread: data->data NULL, data->size
+ * its size.  lio_cursor_value_into then reads it; the checks that need
+ * no read (the run within the snapshot) are made by the operation, those
+ * of the run's header by lio_cursor_value_into, with the same errors.
+ * Off by default; no effect under O_DIRECT (align > 1: the caller's
+ * memory is not aligned), where values are read as without it. */
+void lio_cursor_defer_values(lio_cursor *c, int on);
+/* Read the value that the cursor's operations left unread last into dst
+ * (its data->size bytes), the run's header in the same request, and
+ * check the header.  0, or an error (lio_cursor_error); LIO_EINVAL when
+ * no value was left.  Each call reads again. */
+int lio_cursor_value_into(lio_cursor *c, void *dst);
+
 /* Number of duplicates of the current key (1 without DUPSORT). */
 int lio_cursor_count(lio_cursor *c, uint64_t *count);
 const lio_error *lio_cursor_error(const lio_cursor *c);
@@ -216,12 +247,7 @@ size_t lio_cursor_prefetch(lio_cursor *c, const lio_val *keys, size_t n);
 /* ---- planned reads (bulk path) ---------------------------------------- */
 
 /* A read of consecutive file bytes from `off`, scattered into segments
- * segs[first_seg .. first_seg+nseg-1] in order. */
-typedef struct lio_seg {
-    uint8_t *dst;
-    size_t len;
-} lio_seg;
-
+ * segs[first_seg .. first_seg+nseg-1] in order (lio_seg: see the source). */
 typedef struct lio_read {
     uint64_t off;
     size_t first_seg;

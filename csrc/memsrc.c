@@ -18,6 +18,20 @@ static int64_t mem_read(void *ctx, uint64_t off, void *buf, size_t len)
     return (int64_t)len;
 }
 
+static int64_t mem_readv(void *ctx, uint64_t off, const lio_seg *segs,
+                         size_t nseg)
+{
+    int64_t done = 0;
+    for (size_t i = 0; i < nseg; i++) {
+        int64_t n = mem_read(ctx, off + (uint64_t)done, segs[i].dst,
+                             segs[i].len);
+        done += n;
+        if ((size_t)n < segs[i].len)
+            break;
+    }
+    return done;
+}
+
 static int64_t mem_size(void *ctx)
 {
     const lio_membuf *m = ctx;
@@ -30,6 +44,7 @@ void lio_mem_source(lio_source *src, lio_membuf *buf)
     src->read = mem_read;
     src->size = mem_size;
     src->align = 1;
+    src->readv = mem_readv;
 }
 
 static int mem_run(void *ctx, const lio_plan *plan, lio_error *err)

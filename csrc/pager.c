@@ -159,14 +159,30 @@ int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
                     (unsigned long long)env->file_size);
 }
 
-static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
-                      size_t need, uint64_t pgno, lio_error *err)
+/* Read consecutive file bytes at off into segs[0..nseg) (nseg at most
+ * LIO_READV_MAX): at least the first `need` of them (the rest is padding
+ * up to an O_DIRECT boundary, which the end of the file may cut).  One
+ * request for all the segments where the source can scatter; a short read
+ * is continued. */
+static int read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
+                     size_t nseg, size_t need, uint64_t pgno, lio_error *err)
 {
-    size_t done = 0;
+    lio_seg s[LIO_READV_MAX];
+    size_t done = 0, i = 0;
     int eofs = 0;
+    if (nseg > LIO_READV_MAX)
+        return lio_fail(err, LIO_EINVAL, pgno, "page %llu: a read of %zu "
+                        "segments", (unsigned long long)pgno, nseg);
+    memcpy(s, segs, nseg * sizeof *s);
     while (done < need) {
-        int64_t n = env->src.read(env->src.ctx, off + done, buf + done,
-                                  len - done);
+        int64_t n;
+        while (i < nseg && s[i].len == 0)
+            i++;
+        if (i == nseg)
+            break;
+        n = nseg - i > 1 && env->src.readv
+            ? env->src.readv(env->src.ctx, off + done, s + i, nseg - i)
+            : env->src.read(env->src.ctx, off + done, s[i].dst, s[i].len);
         if (n < 0)
             return lio_fail_sys(err, (int)-n, off + done, "read failed");
         if (n == 0) {
@@ -189,10 +205,25 @@ static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
             return LIO_SYSERR;
         }
         done += (size_t)n;
+        while (n > 0 && i < nseg) {
+            size_t take = (uint64_t)n < s[i].len ? (size_t)n : s[i].len;
+            s[i].dst += take;
+            s[i].len -= take;
+            n -= (int64_t)take;
+            if (s[i].len == 0)
+                i++;
+        }
         if (done < need && ((off + done) % env->align || done % env->align))
             return lio_fail_sys(err, EIO, off + done, "short unaligned read");
     }
     return LIO_SUCCESS;
+}
+
+static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
+                      size_t need, uint64_t pgno, lio_error *err)
+{
+    lio_seg seg = {buf, len};
+    return read_segs(env, off, &seg, 1, need, pgno, err);
 }
 
 int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
@@ -323,6 +354,24 @@ static void note_read(lio_env *env, int slow)
 static int from_device(lio_env *env)
 {
     return __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > DEVICE_SLOW;
+}
+
+int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
+                  size_t nseg, uint64_t pgno, lio_error *err)
+{
+    size_t len = 0;
+    int rc;
+    uint64_t t0;
+    for (size_t i = 0; i < nseg; i++)
+        len += segs[i].len;
+    if ((rc = lio_check_extent(env, off, len, pgno, err)))
+        return rc;
+    t0 = now_ns();
+    rc = read_segs(env, off, segs, nseg, len, pgno, err);
+    /* (as read-ahead batches: the OS cache serves a page in about a
+     * microsecond) */
+    note_read(env, now_ns() - t0 > DEVICE_READ_NS + 1000u * (len / env->psize));
+    return rc;
 }
 
 /* Read-around on a slow device: the aligned block of pages around a page

@@ -121,6 +121,8 @@ cdef extern from "lmdbio.h" nogil:
     int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data,
                         int forward)
     int lio_cursor_in_page(const lio_cursor *c, const lio_val *v)
+    void lio_cursor_defer_values(lio_cursor *c, int on)
+    int lio_cursor_value_into(lio_cursor *c, void *dst)
 
     ctypedef struct lio_posix:
         pass

@@ -32,8 +32,17 @@ Notes on behaviour:
   sends every step through lio_cursor_get, ``$LMDBIO_READAHEAD_DEVICE=1``
   reads as if the OS cache never held the file (read-around blocks, reads
   in flight).
+- A value in an overflow run that is not in the page cache is read by the
+  core straight into the bytes object returned (lio_cursor_defer_values,
+  lio_cursor_value_into): one copy, from the kernel into the object, and
+  only when the value is asked for (a scan of keys reads no such value).
+  A damaged run header is therefore reported by the call that returns the
+  value (``value()``, ``item()``, the iterators, ``get()``), not by the
+  positioning call before it.  The object of a value that the program has
+  let go of takes a later one (_Values): its memory is still mapped, where
+  a new object's would be faulted in fresh.
 - ``buffers=True`` returns read-only memoryviews onto the page the cursor
-  holds (values in overflow pages: onto private copies).  As py-lmdb
+  holds (values in overflow pages: onto their own bytes objects).  As py-lmdb
   documents for its own buffers, they are valid until the next operation
   on the cursor (for ``Transaction.get``: on the transaction) and must not
   be used after it: the page may be evicted and reused.
@@ -52,6 +61,7 @@ from cpython.bytes cimport (PyBytes_FromStringAndSize, PyBytes_AS_STRING,
                             PyBytes_GET_SIZE, PyBytes_CheckExact)
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
                              PyBUF_SIMPLE, PyBUF_READ)
+from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Check
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
@@ -182,6 +192,104 @@ cdef inline object _cur_val(lio_cursor *c, const lio_val *v, bint buffers):
     if v.size == 0:
         return b''
     return PyBytes_FromStringAndSize(<const char *>v.data, v.size)
+
+
+cdef extern from *:
+    """
+    /* A bytes object that only lmdbio holds may take a new value (see
+     * _Values).  Not in free-threaded builds, where a reference count
+     * read by one thread says nothing of the others, nor on PyPy, nor on
+     * CPython versions whose bytes objects were not checked (up to 3.14
+     * they carry the cached hash ob_shash that is reset here). */
+    #if defined(Py_GIL_DISABLED) || defined(PYPY_VERSION) || \
+        PY_VERSION_HEX >= 0x030F0000
+    #define LIO_REUSE_BYTES 0
+    #else
+    #define LIO_REUSE_BYTES 1
+    #endif
+    static void lio_bytes_retarget(PyObject *o, Py_ssize_t n)
+    {
+        /* length n (its memory holds at least n + 1 bytes), no hash */
+        Py_SET_SIZE(o, n);
+        PyBytes_AS_STRING(o)[n] = 0;
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic push
+    #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    #endif
+        ((PyBytesObject *)o)->ob_shash = -1;
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic pop
+    #endif
+    }
+    """
+    bint LIO_REUSE_BYTES
+    void lio_bytes_retarget(object o, Py_ssize_t n)
+    Py_ssize_t Py_REFCNT(PyObject *o)
+
+
+@cython.final
+cdef class _Values:
+    """The bytes objects that overflow values are read into, for one cursor
+    (or a transaction's get).
+
+    A new object per value would land in fresh memory: glibc's malloc
+    returns the top of its heap to the kernel as such values (over 128 KiB)
+    are freed, and the kernel faults in and zeroes new pages for the next
+    one, which costs as much as reading the value.  So the last objects are
+    kept, and one that the program has let go of (this pool holds its only
+    reference) takes a later value whose length it can hold without
+    wasting more than a quarter of it: its memory is mapped and in the
+    CPU's caches.  No one can see the change: an object is reused only when
+    nothing else refers to it."""
+    cdef object cur, a, b            # the last value's object, two before
+    cdef Py_ssize_t ccur, ca, cb     # the lengths their memory holds
+
+    cdef object new(self, Py_ssize_t size):
+        """An object of length `size` for the next value."""
+        cdef object o = None
+        cdef Py_ssize_t cap = size, most = size + size // 4
+        # One that only this pool refers to (the casts take no reference)
+        # and whose memory holds size bytes, wasting at most a quarter.
+        if LIO_REUSE_BYTES:
+            if (self.cur is not None and size <= self.ccur <= most and
+                    Py_REFCNT(<PyObject *>self.cur) == 1):
+                o, cap, self.cur = self.cur, self.ccur, None
+            elif (self.a is not None and size <= self.ca <= most and
+                    Py_REFCNT(<PyObject *>self.a) == 1):
+                o, cap, self.a = self.a, self.ca, None
+            elif (self.b is not None and size <= self.cb <= most and
+                    Py_REFCNT(<PyObject *>self.b) == 1):
+                o, cap, self.b = self.b, self.cb, None
+            if o is not None:
+                lio_bytes_retarget(o, size)
+        if o is None:
+            o = PyBytes_FromStringAndSize(NULL, size)
+        # the previous object is kept in place of the smaller one kept
+        if self.cur is not None:
+            if self.a is None:
+                self.a, self.ca = self.cur, self.ccur
+            elif self.b is None:
+                self.b, self.cb = self.cur, self.ccur
+            elif self.ca <= self.cb and self.ca < self.ccur:
+                self.a, self.ca = self.cur, self.ccur
+            elif self.cb < self.ca and self.cb < self.ccur:
+                self.b, self.cb = self.cur, self.ccur
+        self.cur, self.ccur = o, cap
+        return o
+
+
+cdef object _value_into(lio_cursor *c, size_t size, _Values pool,
+                        Transaction t, what):
+    """The value c's last operation left unread (in an overflow run), read
+    by the core straight into a bytes object of the pool."""
+    cdef object b = pool.new(size)
+    cdef void *dst = PyBytes_AS_STRING(b)
+    cdef int rc
+    with nogil:
+        rc = lio_cursor_value_into(c, dst)
+    if rc:
+        raise t._read_error(what, rc, lio_cursor_error(c))
+    return b
 
 
 cdef dict _dbrec_dict(const lio_dbrec *r):
@@ -1230,6 +1338,7 @@ cdef class Transaction:
     cdef uint64_t _seq         # env._seq at begin: the DBIs it knows
     cdef list _pending         # DBIs opened in this transaction
     cdef unsigned _ops         # reads since the last snapshot check (lock=False)
+    cdef _Values _values       # objects of get's overflow values
     cdef object __weakref__
 
     def __cinit__(self):
@@ -1447,6 +1556,7 @@ cdef class Transaction:
         self._valid = False
         self._pending = None
         self._cursors = None
+        self._values = None
         if self._scratch != NULL:
             lio_cursor_close(self._scratch)
             self._scratch = NULL
@@ -1540,6 +1650,8 @@ cdef class Transaction:
         rc = lio_cursor_open(&c, self.env._env, &self.snap, &rec, &err)
         if rc:
             raise _core_error(what, rc, &err, self.env._dpath)
+        # overflow values: read into their bytes objects (_value_into)
+        lio_cursor_defer_values(c, 1)
         self.env._nopen += 1
         return c
 
@@ -1585,8 +1697,17 @@ cdef class Transaction:
                 return default
             raise self._read_error('mdb_get', rc,
                                    lio_cursor_error(self._scratch))
+        if dv.data == NULL and dv.size:
+            if self._values is None:
+                self._values = _Values()
+            v = _value_into(self._scratch, dv.size, self._values, self,
+                            'mdb_get')
+        else:
+            v = None
         if self.env._lock == NULL:
             self._count_read()
+        if v is not None:
+            return memoryview(v) if self._buffers else v
         return _cur_val(self._scratch, &dv, self._buffers)
 
     def cursor(self, db=None):
@@ -1675,6 +1796,8 @@ cdef class Cursor:
     cdef unsigned _dbflags
     cdef lio_val _key
     cdef lio_val _val
+    cdef object _vobj          # the value read into its own bytes (_fill)
+    cdef _Values _values       # objects of the overflow values
     cdef object _kref          # inputs the core may still point at
     cdef object _vref
     cdef object __weakref__
@@ -1726,6 +1849,8 @@ cdef class Cursor:
         self.positioned = False
         self._key.size = 0
         self._val.size = 0
+        self._vobj = None
+        self._values = None
 
     def __dealloc__(self):
         if self._c != NULL and self.txn is not None:
@@ -1764,6 +1889,9 @@ cdef class Cursor:
                 rc = lio_cursor_get(self._c, &self._key, &self._val, op)
         if rc == 0:
             self.positioned = True
+            if (self._vobj is not None and self._val.data !=
+                    <const uint8_t *>PyBytes_AS_STRING(self._vobj)):
+                self._vobj = None   # the op gave another value
             t = self.txn
             if t.env._lock == NULL:
                 t._ops += 1
@@ -1773,6 +1901,7 @@ cdef class Cursor:
         self.positioned = False
         self._key.size = 0
         self._val.size = 0
+        self._vobj = None
         if rc != LIO_NOTFOUND and not (rc == LIO_EINVAL and
                                        op == LIO_GET_CURRENT):
             raise self.txn._read_error('mdb_cursor_get', rc,
@@ -1808,15 +1937,29 @@ cdef class Cursor:
         self._get(op)
         return self.positioned
 
+    cdef int _fill(self) except -1:
+        """Read the value the core left unread (an overflow run) into its
+        own bytes object, once per position; _val then points into it."""
+        if self._values is None:
+            self._values = _Values()
+        self._vobj = _value_into(self._c, self._val.size, self._values,
+                                 self.txn, 'mdb_cursor_get')
+        self._val.data = <const uint8_t *>PyBytes_AS_STRING(self._vobj)
+        return 0
+
     cdef inline object _k(self):
         return _cur_val(self._c, &self._key, self._buffers)
 
     cdef inline object _v(self):
+        if self._val.data == NULL and self._val.size:
+            self._fill()
+        if self._vobj is not None:
+            # its own object: no copy, valid for as long as it is held
+            return memoryview(self._vobj) if self._buffers else self._vobj
         return _cur_val(self._c, &self._val, self._buffers)
 
     cdef inline object _item(self):
-        return (_cur_val(self._c, &self._key, self._buffers),
-                _cur_val(self._c, &self._val, self._buffers))
+        return (_cur_val(self._c, &self._key, self._buffers), self._v())
 
     # ---- reading the current position -----------------------------------
 
@@ -1931,7 +2074,11 @@ cdef class Cursor:
 
     cdef inline object _kept(self, const lio_val *v):
         # What getmulti returns outlives the cursor's next operation (and
-        # the page it was on): a copy, a memoryview of it with buffers=True.
+        # the page it was on): a copy, a memoryview of it with buffers=True
+        # (a value read into its own object: that object).
+        if v == &self._val and (self._vobj is not None or
+                                (v.data == NULL and v.size)):
+            return self._v()
         if self._buffers:
             return memoryview(_val_bytes(v))
         return _val_bytes(v)
@@ -2044,6 +2191,8 @@ cdef class Cursor:
                             self._get(get_op)
                             k = self._kept(&self._key)
                             if step:
+                                if self._val.data == NULL and self._val.size:
+                                    self._fill()
                                 vb = _val_bytes(&self._val)
                                 n = len(vb)
                                 if keyfixed:
@@ -2225,11 +2374,10 @@ cdef class _Iterator:
                 raise StopIteration
         self.started = True
         if self.kind == 0:
-            return (_cur_val(c._c, &c._key, c._buffers),
-                    _cur_val(c._c, &c._val, c._buffers))
+            return c._item()
         if self.kind == 1:
             return _cur_val(c._c, &c._key, c._buffers)
-        return _cur_val(c._c, &c._val, c._buffers)
+        return c._v()
 
 
 

@@ -1,0 +1,483 @@
+"""Values in overflow runs, read by the core straight into the bytes objects
+that the drop-in API returns (one copy, from the kernel into the object).
+
+* Every operation that yields a value, on databases of overflow values of
+  many sizes (one page, several, exactly filling their last page and one
+  byte over), equals py-lmdb and equals the path that reads a value through
+  the cursor's own buffer and copies it (kept for direct=True: O_DIRECT
+  needs aligned memory).  With buffers on and off, read-ahead off, on, on
+  tiny caches and as from a cold device.
+* Damaged runs (another page number, other flags, too few pages, cut off
+  by the end of the file) raise what that path raises, message included.
+* The path is taken: positioning on such a value reads none of it, asking
+  for it reads it in one request, into the object returned (the same
+  object when asked again, without another read).
+* The object of a value the program dropped takes a later value; values
+  the program keeps never change.
+* Walking from a device, the runs of the next values are advised to the
+  OS, which reads them ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import tempfile
+import time
+
+import pytest
+
+from lmdb_fixtures import (LmdbFile, patch_page_header, read_syscalls,
+                           truncate, write_items)
+from test_cursor_readahead import CONFIGS, norm, open_sub
+from test_reader import _accepts_o_direct
+
+from conftest import import_subject, require
+
+hypothesis = require("hypothesis", "pip install hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+lmdb = require("lmdb", "pip install lmdb")
+lmdbio = import_subject("lmdbio")
+
+PS = os.sysconf("SC_PAGESIZE")
+HDR = 16                              # an overflow run's page header
+# a value filling its run's pages exactly, and one byte more
+EXACT = [k * PS - HDR for k in (1, 2, 3, 5)]
+BOUNDARY = EXACT + [s + 1 for s in EXACT]
+
+# The reference path: direct=True reads values as before (into the cursor's
+# aligned buffer, then copied); skipped where the filesystem refuses it.
+OLD_PATH = ("direct-copy", {}, {"direct": True})
+
+
+def configs(path):
+    return CONFIGS + ([OLD_PATH] if _accepts_o_direct(path) else [])
+
+
+def value_of(i, size):
+    return random.Random(i).randbytes(size)
+
+
+def key_of(i):
+    return b"k%05d" % i
+
+
+def make(path, sizes):
+    items = [(key_of(i), value_of(i, s)) for i, s in enumerate(sizes)]
+    write_items(path, items, name=b"t")
+    return items
+
+
+def run(env, program, buffers):
+    """Apply `program` to a cursor of db b"t" (and its transaction); the
+    results, normalised, or what each step raised."""
+    out = []
+    db = env.open_db(b"t")
+    with env.begin(db=db, buffers=buffers) as txn:
+        cur = txn.cursor()
+        for op, arg in program:
+            try:
+                if op == "iter":
+                    meth, kw, take = arg
+                    got = []
+                    for x in getattr(cur, meth)(**kw):
+                        got.append(norm(x))
+                        if len(got) >= take:
+                            break
+                    out.append(got)
+                elif op == "value2":
+                    # the same value twice (a second read, or the object
+                    # read the first time)
+                    out.append((norm(cur.value()), norm(cur.value()),
+                                norm(cur.key())))
+                elif op in ("set_key", "set_range"):
+                    out.append((getattr(cur, op)(arg), norm(cur.item())))
+                elif op == "get":
+                    out.append(norm(txn.get(arg)))
+                elif op == "cget":
+                    out.append((norm(cur.get(arg)), norm(cur.item())))
+                elif op == "getmulti":
+                    out.append(norm(cur.getmulti(arg)))
+                else:
+                    out.append((getattr(cur, op)(), norm(cur.item())))
+            except Exception as e:  # every side must raise the same
+                out.append(("raised", type(e).__name__))
+    return out
+
+
+MOVES = ["first", "last", "next", "prev", "next_nodup", "prev_nodup",
+         "first_dup", "last_dup"]
+ITERS = [("iternext", {}), ("iterprev", {}), ("iternext", {"keys": False}),
+         ("iternext", {"values": False}), ("iternext_nodup", {}),
+         ("iterprev_nodup", {"values": True})]
+
+
+@st.composite
+def sizes_st(draw):
+    size = st.one_of(st.sampled_from(BOUNDARY),
+                     st.integers(2100, PS - HDR),          # one page
+                     st.integers(PS - HDR + 1, 12 * PS),   # several
+                     st.integers(0, 700))                  # in the leaf
+    return draw(st.lists(size, min_size=1, max_size=40))
+
+
+@st.composite
+def program_st(draw, n):
+    steps = []
+    key = st.integers(0, n + 2).map(key_of)
+    for _ in range(draw(st.integers(1, 20))):
+        kind = draw(st.sampled_from(["move"] * 4 + ["iter"] * 2 + [
+            "value2", "set_key", "set_range", "get", "cget", "getmulti"]))
+        if kind == "move":
+            steps.append((draw(st.sampled_from(MOVES)), None))
+        elif kind == "iter":
+            meth, kw = draw(st.sampled_from(ITERS))
+            steps.append(("iter", (meth, kw, draw(st.integers(1, 50)))))
+        elif kind == "value2":
+            steps.append(("value2", None))
+        elif kind == "getmulti":
+            steps.append(("getmulti", draw(st.lists(key, max_size=12))))
+        else:
+            steps.append((kind, draw(key)))
+    return steps
+
+
+def test_every_value_operation_matches_pylmdb_and_the_copying_path(tmp_path):
+    count = [0]
+
+    @settings(max_examples=60, deadline=None)
+    @given(sizes=sizes_st(), data=st.data())
+    def inner(sizes, data):
+        count[0] += 1
+        path = str(tmp_path / ("e%d" % count[0]))
+        items = make(path, sizes)
+        program = data.draw(program_st(len(items)))
+        buffers = data.draw(st.booleans())
+        ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+        try:
+            want = run(ref, program, buffers)
+            # the whole database both ways, every value whole
+            assert run(ref, [("iter", ("iternext", {}, 10 ** 6))],
+                       buffers) == [items]
+        finally:
+            ref.close()
+        for cfg in configs(path):
+            env = open_sub(path, cfg)
+            try:
+                assert run(env, program, buffers) == want, cfg[0]
+                assert run(env, [("iter", ("iterprev", {}, 10 ** 6))],
+                           buffers) == [items[::-1]], cfg[0]
+            finally:
+                env.close()
+    inner()
+
+
+def test_value_objects_are_bytes_of_their_own(tmp_path):
+    """A value read into its own object is a plain bytes object (hashable,
+    equal to py-lmdb's), and with buffers=True a read-only view of one that
+    stays valid after the cursor moves on."""
+    path = str(tmp_path)
+    items = make(path, [3 * PS, PS - HDR + 1, 50, 7 * PS])
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4,
+                      readahead=False)
+    try:
+        db = env.open_db(b"t")
+        with env.begin(db=db) as txn:
+            got = list(txn.cursor())
+            assert got == items
+            assert all(type(v) is bytes for _k, v in got)
+            assert hash(got[0][1]) == hash(items[0][1])
+            assert txn.get(items[3][0]) == items[3][1]
+        with env.begin(db=db, buffers=True) as txn:
+            views = [v for _k, v in txn.cursor()]
+            assert all(isinstance(v, memoryview) and v.readonly
+                       for v in views)
+            assert [bytes(v) for v in views] == [v for _k, v in items]
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------
+# damaged runs
+
+
+def _damage_cases():
+    """(name, damage(path, f, run first page, run pages))."""
+    def pgno(path, f, ov, _n):
+        patch_page_header(f.path, ov, f.psize, pgno_field=ov + 1)
+
+    def flags(path, f, ov, _n):
+        patch_page_header(f.path, ov, f.psize, flags=0x02)   # a leaf's
+
+    def too_few(path, f, ov, _n):
+        patch_page_header(f.path, ov, f.psize, pages=1)
+
+    def cut(path, f, ov, n):
+        truncate(f.path, (ov + n - 1) * f.psize + 10)       # in its last page
+    return [("page-number", pgno), ("flags", flags), ("too-few-pages", too_few),
+            ("cut-by-end-of-file", cut)]
+
+
+def outcome(fn):
+    try:
+        return ("ok", norm(fn()))
+    except lmdbio.Error as e:
+        return (type(e).__name__, str(e))
+
+
+@pytest.mark.parametrize("name,damage", _damage_cases(),
+                         ids=[c[0] for c in _damage_cases()])
+def test_damaged_run_raises_as_the_copying_path(tmp_path, name, damage):
+    path = str(tmp_path)
+    # In the main DB (its leaf comes first in the file) the damaged value's
+    # run is the last thing in the file: a cut leaves the rest whole.
+    items = [(key_of(i), value_of(i, 3 * PS)) for i in range(12)]
+    write_items(path, items)
+    f = LmdbFile(path)
+    runs = {struct.unpack_from("<Q", f.buf, nd.data_offset)[0]: nd.key
+            for nd in f.bigdata_nodes()}
+    ov = max(runs)
+    bad = items.index((runs[ov], dict(items)[runs[ov]]))
+    damage(path, f, ov, 4)
+
+    def scan(txn):
+        got = []
+        for kv in txn.cursor():
+            got.append(norm(kv))
+        return got
+
+    def set_key_value(txn):
+        cur = txn.cursor()
+        cur.set_key(items[bad][0])
+        return cur.value()
+
+    results = {}
+    for cfg in configs(path):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin() as txn:
+                results[cfg[0]] = [outcome(lambda: scan(txn)),
+                                   outcome(lambda: txn.get(items[bad][0])),
+                                   outcome(lambda: set_key_value(txn)),
+                                   outcome(lambda: txn.get(items[0][0]))]
+        finally:
+            env.close()
+    first = results["simple"]
+    for kind, msg in first[:3]:
+        assert kind in ("CorruptedError", "PageNotFoundError"), (kind, msg)
+        assert "page %d" % ov in msg, msg
+    assert first[3] == ("ok", items[0][1])
+    for cfg_name, res in results.items():
+        assert res == first, cfg_name
+    if not _accepts_o_direct(path):
+        pytest.skip("the copying path (O_DIRECT) is not available here")
+
+
+# ---------------------------------------------------------------------------
+# the path is taken
+
+
+def _own_reads():
+    """Reading /proc/self/io is itself counted."""
+    before = read_syscalls()
+    return read_syscalls() - before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"),
+                    reason="counts reads with /proc/self/io (Linux)")
+def test_value_read_once_when_asked_into_its_object(tmp_path):
+    own = _own_reads()
+    path = str(tmp_path)
+    items = make(path, [5 * PS + 100] * 20)      # one leaf, 20 runs
+
+    def reads(fn):
+        before = read_syscalls()
+        r = fn()
+        return r, read_syscalls() - before - own
+
+    def check(direct):
+        env = lmdbio.open(path, readonly=True, lock=True, max_dbs=4,
+                          readahead=False, direct=direct)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                cur = txn.cursor()
+                assert cur.first()                   # the leaf, cached now
+                r = {}
+                _, r["set_key"] = reads(lambda: cur.set_key(items[7][0]))
+                v1, r["value"] = reads(cur.value)
+                v2, r["again"] = reads(cur.value)
+                assert v1 == v2 == items[7][1]
+                keys, r["keys"] = reads(
+                    lambda: list(cur.iternext(values=False)))
+                assert keys == [k for k, _v in items[7:]]
+                _, r["get"] = reads(lambda: txn.get(items[3][0]))
+                return r, v1 is v2
+        finally:
+            env.close()
+
+    r, same = check(False)
+    # positioning reads none of the value, asking for it reads it in one
+    # request, once; the second time it is the same object
+    assert r == {"set_key": 0, "value": 1, "again": 0, "keys": 0, "get": 1}
+    assert same
+    if _accepts_o_direct(tempfile.mkdtemp(dir=path)):
+        # the copying path reads when positioning, and copies each time
+        r, same = check(True)
+        assert r["set_key"] == 1 and r["value"] == 0 and r["keys"] == 12
+        assert not same
+
+
+# ---------------------------------------------------------------------------
+# read-ahead of the runs a walk meets next
+
+
+def _cached(fd, off, length):
+    """Is [off, off+length) in the OS page cache?  Asked with cachestat(2)
+    (Linux 6.5), which reads nothing (a read, even one that may not wait,
+    would start the OS's read-ahead); None where it is missing."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(off, length)
+    st = (ctypes.c_uint64 * 5)()
+    if libc.syscall(451, fd, rng, st, 0) != 0:      # SYS_cachestat (x86-64)
+        return None
+    return st[0] * PS >= length
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_walk_from_a_device_advises_the_next_runs(tmp_path):
+    """Values written in random key order: the runs a scan meets next are
+    scattered over the file, out of reach of the OS's own read-ahead.
+    Walking from a device (as if: $LMDBIO_READAHEAD_DEVICE=1), the runs of
+    the next values in the leaf are advised (WILLNEED) and arrive in the
+    OS cache without being read by lmdbio; without read-ahead they do not."""
+    path = str(tmp_path)
+    n, size = 300, 15 * PS - 100
+    order = list(range(n))
+    random.Random(3).shuffle(order)
+    write_items(path, [(key_of(i), value_of(i, size)) for i in order])
+    f = LmdbFile(path)
+    run_of = {nd.key: struct.unpack_from("<Q", f.buf, nd.data_offset)[0]
+              for nd in f.bigdata_nodes()}
+    tree = [p.pgno for p in f.leaves() + f.branches()]
+    first = run_of[key_of(0)]
+
+    def far(pgno):
+        # not in a block read around a tree page, nor next to the first run
+        return all(abs(pgno - q) * PS > (4 << 20) for q in tree + [first])
+
+    ahead = [run_of[key_of(i)] for i in range(1, 40)
+             if far(run_of[key_of(i)])][:10]
+    assert len(ahead) >= 5
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        for cfg in (("no-readahead", {}, {"readahead": False}),
+                    ("device", {"LMDBIO_READAHEAD_DEVICE": "1"}, {})):
+            os.fsync(fd)             # (dirty pages are not dropped)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            state = [_cached(fd, r * PS, PS) for r in ahead]
+            if None in state:
+                pytest.skip("no cachestat(2) here (Linux < 6.5)")
+            if any(state):
+                pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
+            env = open_sub(path, cfg)
+            try:
+                with env.begin() as txn:
+                    cur = txn.cursor()
+                    assert cur.first() and cur.value() == value_of(0, size)
+                    # advice is asynchronous: up to 2 s for it, 0.3 s
+                    # for reads that should not come
+                    for _ in range(200 if cfg[0] == "device" else 30):
+                        if all(_cached(fd, r * PS, 15 * PS) for r in ahead):
+                            break
+                        time.sleep(0.01)
+                    cached = [_cached(fd, r * PS, 15 * PS) for r in ahead]
+            finally:
+                env.close()
+            assert all(cached) if cfg[0] == "device" else not any(cached), \
+                (cfg[0], cached)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# objects taken again once the program has let go of them
+
+
+def test_values_kept_by_the_program_are_never_changed(tmp_path):
+    """The objects of values the program dropped take later values; those
+    it keeps (in a list, as dict keys with their hash computed, behind a
+    memoryview) keep their content, and a retaken object's hash is its new
+    content's."""
+    path = str(tmp_path)
+    rnd = random.Random(5)
+    sizes = [rnd.choice([3 * PS, 5 * PS + 7, 6 * PS - 16, 40 * PS])
+             for _ in range(300)]
+    items = make(path, sizes)
+    want = dict(items)
+    for buffers in (False, True):
+        env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+        try:
+            with env.begin(db=env.open_db(b"t"), buffers=buffers) as txn:
+                kept, keys_of = [], {}
+                for i, (k, v) in enumerate(txn.cursor()):
+                    k = bytes(k)
+                    if not buffers:
+                        assert {want[k]: 1}.get(v) == 1     # hash == content
+                        hash(v)
+                    if i % 3 == 0:
+                        kept.append((k, v))
+                    elif i % 3 == 1 and not buffers:
+                        keys_of[v] = k
+                    # (the rest is dropped: its object may be taken again)
+                for k, v in kept:
+                    assert bytes(v) == want[k]
+                for v, k in keys_of.items():
+                    assert v == want[k] and keys_of[want[k]] == k
+                # the same by get
+                got = {}
+                for i, (k, _v) in enumerate(items):
+                    v = txn.get(k)
+                    if i % 2:
+                        got[k] = v
+                assert all(bytes(v) == want[k] for k, v in got.items())
+        finally:
+            env.close()
+
+
+def test_a_dropped_value_object_takes_the_next_value(tmp_path):
+    """Which object holds a value, as tracemalloc sees it: the memory a
+    dropped value's object was allocated with holds the next one."""
+    import tracemalloc
+    path = str(tmp_path)
+    items = make(path, [50000, 46000, 46000])
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+    tracemalloc.start(1)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            assert cur.first()
+            a = cur.value(); line_a = _line()  # noqa: E702
+            del a
+            assert cur.next()
+            b = cur.value(); line_b = _line()  # noqa: E702
+            assert b == items[1][1] and line_b != line_a
+            assert tracemalloc.get_object_traceback(b)[0].lineno == line_a
+            # kept: the next value gets new memory
+            assert cur.next()
+            c = cur.value(); line_c = _line()  # noqa: E702
+            assert c == items[2][1] and b == items[1][1]
+            assert tracemalloc.get_object_traceback(c)[0].lineno == line_c
+            assert line_c != line_b
+    finally:
+        tracemalloc.stop()
+        env.close()
+
+
+def _line():
+    import sys
+    return sys._getframe(1).f_lineno
