@@ -227,6 +227,10 @@ cdef extern from *:
     Py_ssize_t Py_REFCNT(PyObject *o)
 
 
+cdef enum:
+    _KEEP_MAX = 32 << 20     # largest value object a _Values keeps
+
+
 @cython.final
 cdef class _Values:
     """The bytes objects that overflow values are read into, for one cursor
@@ -240,7 +244,8 @@ cdef class _Values:
     reference) takes a later value whose length it can hold without
     wasting more than a quarter of it: its memory is mapped and in the
     CPU's caches.  No one can see the change: an object is reused only when
-    nothing else refers to it."""
+    nothing else refers to it.  At most three objects of at most
+    _KEEP_MAX bytes each are kept."""
     cdef object cur, a, b            # the last value's object, two before
     cdef Py_ssize_t ccur, ca, cb     # the lengths their memory holds
 
@@ -274,7 +279,12 @@ cdef class _Values:
                 self.a, self.ca = self.cur, self.ccur
             elif self.cb < self.ca and self.cb < self.ccur:
                 self.b, self.cb = self.cur, self.ccur
-        self.cur, self.ccur = o, cap
+        # Objects over _KEEP_MAX are not kept: three of them would hold
+        # too much memory once the program has let go of them.
+        if cap <= _KEEP_MAX:
+            self.cur, self.ccur = o, cap
+        else:
+            self.cur = None
         return o
 
 
