@@ -481,3 +481,39 @@ def test_a_dropped_value_object_takes_the_next_value(tmp_path):
 def _line():
     import sys
     return sys._getframe(1).f_lineno
+
+
+def test_value_objects_over_32_mib_are_not_kept(tmp_path):
+    """A dropped value of more than 32 MiB is freed at once (the cursor
+    does not keep it for the next value), where a smaller one is kept."""
+    import gc
+    import tracemalloc
+    path = str(tmp_path)
+    big, small = (33 << 20) + 5, 100000
+    items = [(key_of(i), value_of(i, s))
+             for i, s in enumerate([big, big, small, small])]
+    write_items(path, items, name=b"t", map_size=1 << 30)
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            tracemalloc.start(1)
+            try:
+                for size in (big, small):
+                    assert cur.next()
+                    v = cur.value()
+                    assert len(v) == size
+                    before = tracemalloc.get_traced_memory()[0]
+                    del v
+                    assert cur.next()    # the cursor lets go of it too
+                    gc.collect()
+                    freed = before - tracemalloc.get_traced_memory()[0]
+                    if size == big:
+                        assert freed >= size    # not kept
+                    else:
+                        assert freed < size     # kept for the next value
+                    assert len(cur.value()) == size   # which still reads
+            finally:
+                tracemalloc.stop()
+    finally:
+        env.close()
