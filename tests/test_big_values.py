@@ -508,10 +508,11 @@ def test_value_objects_over_32_mib_are_not_kept(tmp_path):
                     assert cur.next()    # the cursor lets go of it too
                     gc.collect()
                     freed = before - tracemalloc.get_traced_memory()[0]
+                    # (other objects come and go meanwhile: a margin)
                     if size == big:
-                        assert freed >= size    # not kept
+                        assert freed > size - (1 << 16)   # not kept
                     else:
-                        assert freed < size     # kept for the next value
+                        assert freed < size // 2   # kept for the next value
                     assert len(cur.value()) == size   # which still reads
             finally:
                 tracemalloc.stop()
