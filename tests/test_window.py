@@ -291,10 +291,12 @@ def test_big_batches_read_ahead_one_window_per_lane(tmp_path):
 
 def test_shuffled_window_reads_each_leaf_once(scattered_env):
     """A shuffled epoch read in one window reads each leaf it needs once,
-    not once per record."""
+    not once per record (records read through their leaves: the index
+    without its record map)."""
     path, items = scattered_env
     with lmdbio.Reader(path, batch_size=len(items), shuffle=True,
                        index_cache=False, storage=(0, 1e9)) as r:
+        r._file.adopt_index(*r._file.index_arrays())   # no record map
         before = r.io_stats()
         (b,) = list(r)
         requests, nbytes = (x - y for x, y in zip(r.io_stats(), before))
@@ -302,6 +304,24 @@ def test_shuffled_window_reads_each_leaf_once(scattered_env):
     assert sorted(b.indices.tolist()) == list(range(len(items)))
     assert nbytes == leaves * PAGE            # each leaf once, no holes
     assert requests <= leaves
+
+
+def test_shuffled_window_with_record_map_reads_only_records(scattered_env):
+    """With the record map (few records per leaf) the same window reads
+    each record's key and value and nothing else: one request per record
+    at most, no leaf."""
+    path, items = scattered_env
+    with lmdbio.Reader(path, batch_size=len(items), shuffle=True,
+                       index_cache=False, storage=(0, 1e9)) as r:
+        assert r._file.index_recmap() is not None
+        before = r.io_stats()
+        (b,) = list(r)
+        requests, nbytes = (x - y for x, y in zip(r.io_stats(), before))
+    assert sorted(b.indices.tolist()) == list(range(len(items)))
+    assert [b.values[i] for i in range(len(b))] == \
+        [items[i][1] for i in b.indices]
+    assert nbytes == sum(len(k) + len(v) for k, v in items)
+    assert requests <= len(items)
 
 
 @pytest.mark.parametrize("cache", ["keep", "drop"])
