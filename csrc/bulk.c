@@ -64,6 +64,8 @@ struct lio_bulk {
      * record) pairs sorted by offset */
     uint64_t *ov_order;
     uint8_t *ov_hdr;
+    uint64_t *pairs;          /* (leaf, record) pairs of a window */
+    size_t pairs_cap;
     size_t ov_cap;
     /* cache policy (lio_bulk_set_cache) */
     size_t region;            /* read-ahead region bytes, 0: none */
@@ -242,7 +244,7 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
         pages[np++] = pg;
     }
     if (!sorted)
-        qsort(pages, np, sizeof *pages, lio_cmp_u64);
+        lio_sort_u64(pages, np, 1);
     advise_regions(b, pages, np);
     free(pages);
 }
@@ -291,6 +293,7 @@ void lio_bulk_close(lio_bulk *b)
     free(b->arena);
     free(b->ov_order);
     free(b->ov_hdr);
+    free(b->pairs);
     free(b->advised);
     drop_read(b);
     lio_cursor_close(b->dupcur);
@@ -337,7 +340,7 @@ static int load_leaves(lio_bulk *b)
                 sorted = 0;
         }
         if (!sorted) /* appended databases keep key order on disk */
-            qsort(keyed, b->nleaves, 2 * sizeof *keyed, lio_cmp_u64);
+            lio_sort_u64(keyed, b->nleaves, 2);
         for (size_t i = 0; i < b->nleaves; i++) {
             pages[i] = keyed[2 * i];
             by_page[i] = (size_t)keyed[2 * i + 1];
@@ -541,13 +544,61 @@ static int locate(lio_bulk *b, const uint8_t *p, uint64_t pg, uint64_t rank,
     return LIO_SUCCESS;
 }
 
+/* Which records of the window skip their leaf: those the map knows whose
+ * leaf the window needs sparsely (at most half its records; a leaf needed
+ * more densely is read whole, one large read instead of many small ones).
+ * Sizes them from the map and adds their bytes to *kb, *vb. */
+static int choose_mapped(lio_bulk *b, const uint64_t *leafof, size_t n,
+                         int ascending, uint64_t *kb, uint64_t *vb)
+{
+    const lio_index *idx = b->idx;
+    uint64_t lo = idx->first[0], psize = b->env->psize;
+    uint64_t *pairs;   /* (leaf, record) sorted by leaf */
+    int rc = LIO_SUCCESS;
+    if (lio_grow((void **)&b->pairs, &b->pairs_cap, 2 * (n ? n : 1),
+                 sizeof *b->pairs))
+        return oom(b);
+    pairs = b->pairs;
+    for (size_t i = 0; i < n; i++) {
+        pairs[2 * i] = leafof[i];
+        pairs[2 * i + 1] = i;
+    }
+    if (!ascending)
+        lio_sort_u64(pairs, n, 2);
+    for (size_t s = 0, e; s < n; s = e) {
+        uint64_t leaf = pairs[2 * s], pg = idx->leaf_pgno[leaf];
+        for (e = s + 1; e < n && pairs[2 * e] == leaf; e++)
+            ;
+        if (2 * (e - s) > idx->first[leaf + 1] - idx->first[leaf])
+            continue;   /* dense: read the leaf */
+        for (size_t k = s; k < e; k++) {
+            rec *r = &b->recs[pairs[2 * k + 1]];
+            uint64_t m = idx->recmap[r->ordinal - lo];
+            if (!m)   /* checked by lio_index_set_map */
+                continue;
+            r->at = pg * psize + (m & 0xffff) + NODEHDRSZ;
+            r->ksize = (uint32_t)((m >> 16) & 0xffff);
+            r->vsize = m >> 32;
+            r->key = r->val = NULL;
+            r->ovpg = 0;
+            r->arena_at = -1;
+            if ((rc = lio_check_extent(b->env, r->at, r->ksize + r->vsize,
+                                       pg, &b->err)))
+                return rc;
+            *kb += r->ksize;
+            *vb += r->vsize;
+        }
+    }
+    return rc;
+}
+
 int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      uint64_t *key_bytes, uint64_t *value_bytes)
 {
     const lio_index *idx = b->idx;
     const uint64_t *map = idx->recmap;
     uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
-    uint64_t kb = 0, vb = 0, *leafof, psize = b->env->psize, prev = 0;
+    uint64_t kb = 0, vb = 0, *leafof, prev = 0;
     size_t nleafy = 0;        /* records read through their leaf */
     int ascending = 1;
     int rc = LIO_SUCCESS;
@@ -588,27 +639,23 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
             leaf = prev + 1;
         else
             leaf = lio_index_find(idx, ord);
-        prev = leaf;
-        r->ordinal = ord;
-        if (map && map[ord - lo]) {  /* checked by lio_index_set_map */
-            uint64_t e = map[ord - lo], pg = idx->leaf_pgno[leaf];
-            r->at = pg * psize + (e & 0xffff) + NODEHDRSZ;
-            r->ksize = (uint32_t)((e >> 16) & 0xffff);
-            r->vsize = e >> 32;
-            r->key = r->val = NULL;
-            r->ovpg = 0;
-            r->arena_at = -1;
-            if ((rc = lio_check_extent(b->env, r->at, r->ksize + r->vsize,
-                                       pg, &b->err)))
-                goto out;
-            kb += r->ksize;
-            vb += r->vsize;
-            continue;
-        }
-        r->at = 0;
-        if (nleafy && leaf < leafof[nleafy - 1])
+        if (i && leaf < prev)
             ascending = 0;
-        leafof[nleafy++] = leaf;   /* the leaves of unmapped records */
+        prev = leaf;
+        leafof[i] = leaf;
+        r->ordinal = ord;
+        r->at = 0;
+    }
+    if (map && (rc = choose_mapped(b, leafof, n, ascending, &kb, &vb)))
+        goto out;
+    /* The leaves of the other records. */
+    ascending = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (b->recs[i].at)
+            continue;
+        if (nleafy && leafof[i] < leafof[nleafy - 1])
+            ascending = 0;
+        leafof[nleafy++] = leafof[i];   /* (nleafy <= i) */
     }
     /* Distinct leaves, in key order (a sequential batch is sorted already). */
     if (lio_grow((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
@@ -618,7 +665,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     }
     memcpy(b->leaves, leafof, nleafy * sizeof *leafof);
     if (!ascending)
-        qsort(b->leaves, nleafy, sizeof *b->leaves, lio_cmp_u64);
+        lio_sort_u64(b->leaves, nleafy, 1);
     for (size_t i = 0; i < nleafy; i++)
         if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
             b->leaves[b->nleaves++] = b->leaves[i];
@@ -769,7 +816,7 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
             nov++;
         }
     }
-    qsort(b->ov_order, nov, 2 * sizeof *b->ov_order, lio_cmp_u64);
+    lio_sort_u64(b->ov_order, nov, 2);
     if (b->region)
         advise_mapped(b, nov);
     lio_plan_reset(&b->plan);

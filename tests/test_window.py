@@ -306,24 +306,6 @@ def test_shuffled_window_reads_each_leaf_once(scattered_env):
     assert requests <= leaves
 
 
-def test_shuffled_window_with_record_map_reads_only_records(scattered_env):
-    """With the record map (few records per leaf) the same window reads
-    each record's key and value and nothing else: one request per record
-    at most, no leaf."""
-    path, items = scattered_env
-    with lmdbio.Reader(path, batch_size=len(items), shuffle=True,
-                       index_cache=False, storage=(0, 1e9)) as r:
-        assert r._file.index_recmap() is not None
-        before = r.io_stats()
-        (b,) = list(r)
-        requests, nbytes = (x - y for x, y in zip(r.io_stats(), before))
-    assert sorted(b.indices.tolist()) == list(range(len(items)))
-    assert [b.values[i] for i in range(len(b))] == \
-        [items[i][1] for i in b.indices]
-    assert nbytes == sum(len(k) + len(v) for k, v in items)
-    assert requests <= len(items)
-
-
 @pytest.mark.parametrize("cache", ["keep", "drop"])
 @pytest.mark.parametrize("storage", ["local", "network", (1e-4, 5e8)])
 def test_cache_and_storage_policies_read_the_same(scattered_env, cache,
