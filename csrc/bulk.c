@@ -12,7 +12,8 @@
  *
  * Layer 5 of the core, beside the cursors.
  * May call: errors.c (lio_fail), format.c (page and leaf checks, records,
- * lio_grow), pager.c (lio_check_extent), plan.c, index.c (ordinal -> leaf)
+ * lio_grow, lio_sort_u64), pager.c (lio_check_extent), plan.c, index.c
+ * (ordinal -> leaf, the record map)
  * and cursor.c (the records of a leaf's duplicate sub-trees). */
 #include <stdlib.h>
 

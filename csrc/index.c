@@ -11,7 +11,7 @@
  *
  * Above the page cache, beside cursors and bulk reads.
  * May call: errors.c, format.c (page and leaf-header checks,
- * lio_leaf_dup_records), plan.c and pager.c (lio_check_extent). */
+ * lio_leaf_dup_records, lio_grow), plan.c and pager.c (lio_check_extent). */
 #include <stdlib.h>
 
 #include "core.h"
