@@ -474,3 +474,57 @@ def test_direct_io_reads_mapped_records(tmp_path):
         for b in r:
             got.update(zip(b.indices.tolist(), b.values.tolist()))
     assert got == {i: v for i, (_, v) in enumerate(items)}
+
+
+class _PreadExecutor:
+    """A collective-style executor (as MPI-IO's): every step's plan
+    arrives as one read_extents call, here served with os.pread."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.calls = 0
+
+    def read_extents(self, offsets, lengths, out):
+        self.calls += 1
+        pos = 0
+        for off, ln in zip(offsets.tolist(), lengths.tolist()):
+            out[pos:pos + ln] = np.frombuffer(os.pread(self.fd, ln, off),
+                                              dtype=np.uint8)
+            pos += ln
+
+    def close(self):
+        os.close(self.fd)
+
+
+def test_collective_executor_runs_once_per_step_with_the_map(tmp_path):
+    """Through an executor that must run exactly once per step (MPI-IO's
+    collective reads), a window of mapped records still makes two calls
+    (prepare reads no leaf: an empty plan; fill reads the records), and
+    returns what the leaf path returns."""
+    path = str(tmp_path)
+    items = scattered(path)
+    data = os.path.join(path, "data.mdb")
+    ex = _PreadExecutor(data)
+    f = BulkFile(data, executor=ex)
+    g = open_file(path, recmap=False)
+    try:
+        assert f.snapshot(0)
+        f.select(None)
+        f.build_index()
+        assert f.index_recmap() is not None
+        ords = np.array([5, 300, 77, 5, 599, 0, 1, 2, 3], dtype=np.int64)
+        ends = np.array([4, 9], dtype=np.intp)
+        for keys in (True, False):
+            before = ex.calls
+            windows_equal(f, g, ords, ends, keys)
+            assert ex.calls - before == 2
+        sparse = np.arange(0, 600, 50)
+        before = ex.calls
+        (kd, ko, vd, vo), = f.read_window(sparse, [len(sparse)], True)[0]
+        assert ex.calls - before == 2
+        assert [bytes(vd[vo[j]:vo[j + 1]]) for j in range(len(sparse))] == \
+            [items[i][1] for i in sparse]
+    finally:
+        f.close()
+        g.close()
+        ex.close()
