@@ -377,6 +377,8 @@ def test_damaged_cached_map_is_a_clear_error(tmp_path, damage):
         lmdbio.Reader(path, shuffle=True)
     msg = str(e.value)
     assert "record map" in msg
+    assert cache in msg and "index_cache=False" in msg   # what to do
+    assert "\n" not in msg
     if damage != "short":
         assert "record %d" % rec in msg and "page %d" % pg in msg
 

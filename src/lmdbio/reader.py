@@ -20,7 +20,7 @@ import numpy as np
 from lmdbio._bulk import BulkFile, gather
 from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
-                           SnapshotChangedError)
+                           SnapshotChangedError, make_error)
 
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
@@ -752,7 +752,13 @@ class Reader:
                 # its record and page), not silently rebuilt: the cache
                 # passed its digest, so something wrote it wrong.
                 if cached[2] is not None:
-                    self._file.set_recmap(cached[2])
+                    try:
+                        self._file.set_recmap(cached[2])
+                    except CorruptedError as e:
+                        raise make_error(
+                            '%s; the cached index %s is damaged: delete it, '
+                            'or open with index_cache=False' % (e.what, path),
+                            e.code) from None
                 self.index_from_cache = True
                 return
         if part is not None:
