@@ -64,7 +64,9 @@ P_BRANCH, P_LEAF = 0x01, 0x02
 MAX_SEGS_PER_READ = 1024      # csrc/plan.c (IOV_MAX)
 INDEX_CHUNK_HEADERS = 8192    # csrc/index.c: leaf headers per round
 INDEX_HEADER_GAP = 4          # csrc/index.c: pages read over between headers
-INDEX_CHUNK_PAGES = 256       # csrc/index.c: branch pages per round
+INDEX_CHUNK_PAGES = 256       # csrc/index.c: whole pages per round
+RECMAP_PER_LEAF = 8           # csrc/lmdbio.h LIO_RECMAP_PER_LEAF
+NODEHDRSZ = 8
 FUSE_MAX_REQUEST = 128 << 10  # libfuse 2: the kernel splits reads to this
 READ_AROUND = 128 << 10       # the kernel's mmap read-around window
 
@@ -86,6 +88,12 @@ class Layout:
     vsize: np.ndarray          # int64[N], value bytes
     ksize: np.ndarray          # int64[N], key bytes
     synthetic: bool = False
+    nodeoff: np.ndarray = None  # int64[N], node offset in its leaf
+
+    def has_recmap(self):
+        """Whether a whole record index of this (plain) tree keeps the
+        record map: at most RECMAP_PER_LEAF records per leaf on average."""
+        return 0 < self.n_records <= RECMAP_PER_LEAF * self.n_leaves
 
     @property
     def n_records(self):
@@ -151,7 +159,8 @@ def _branch_children(page, psize):
 
 
 def _leaf_nodes(page):
-    """(ksize, dsize, overflow page or 0) of each node of a leaf page."""
+    """(ksize, dsize, overflow page or 0, node offset) of each node of a
+    leaf page."""
     lower = struct.unpack_from("<H", page, 12)[0]
     n = (lower - PAGEHDRSZ) >> 1
     out = []
@@ -161,7 +170,7 @@ def _leaf_nodes(page):
         ov = 0
         if fl & F_BIGDATA:
             ov = struct.unpack_from("<Q", page, off + 8 + ks)[0]
-        out.append((ks, lo | (hi << 16), ov))
+        out.append((ks, lo | (hi << 16), ov, off))
     return out
 
 
@@ -193,19 +202,21 @@ def layout_from_file(path):
             for pg in level:
                 nxt.extend(_branch_children(page(pg), psize))
             level = nxt
-        ks, vs, ov = [], [], []
+        ks, vs, ov, no = [], [], [], []
         for pg in leaf_pgno:
-            for k, d, o in _leaf_nodes(page(int(pg))):
+            for k, d, o, off in _leaf_nodes(page(int(pg))):
                 ks.append(k)
                 vs.append(d)
                 ov.append(o)
+                no.append(off)
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
     return Layout(os.path.basename(os.path.normpath(path)), psize, size,
                   leaf_pgno.astype(np.uint64), first.astype(np.uint64),
                   levels, np.array(ov, dtype=np.int64),
-                  np.array(vs, dtype=np.int64), np.array(ks, dtype=np.int64))
+                  np.array(vs, dtype=np.int64), np.array(ks, dtype=np.int64),
+                  nodeoff=np.array(no, dtype=np.int64))
 
 
 def synthetic_layout(name, n, value_bytes, key_bytes=8, psize=4096,
@@ -232,12 +243,14 @@ def synthetic_layout(name, n, value_bytes, key_bytes=8, psize=4096,
     # follow it
     leaf_pgno = (2 + np.arange(n_leaves, dtype=np.int64)
                  + first[:-1].astype(np.int64) * run)
+    leaf_of = np.repeat(np.arange(n_leaves), counts)
+    slot = np.arange(n) - first[:-1].astype(np.int64)[leaf_of]
     if run:
-        leaf_of = np.repeat(np.arange(n_leaves), counts)
-        slot = np.arange(n) - first[:-1].astype(np.int64)[leaf_of]
         ovpg = leaf_pgno[leaf_of] + 1 + slot * run
     else:
         ovpg = np.zeros(n, dtype=np.int64)
+    # appended nodes fill a leaf from its end down
+    nodeoff = psize - (slot + 1) * node
     last = 2 + n_leaves + n * run
     bnode = 8 + key_bytes + 2
     fan = max(2, int((psize - PAGEHDRSZ) * branch_fill) // bnode)
@@ -247,7 +260,8 @@ def synthetic_layout(name, n, value_bytes, key_bytes=8, psize=4096,
         levels.insert(0, np.arange(last, last + width, dtype=np.uint64))
         last += width
     return Layout(name, psize, last * psize, leaf_pgno.astype(np.uint64),
-                  first, levels, ovpg, vsize, ksize, synthetic=True)
+                  first, levels, ovpg, vsize, ksize, synthetic=True,
+                  nodeoff=nodeoff)
 
 
 # --------------------------------------------------------------------------
@@ -344,14 +358,29 @@ def romio_sieve(reads, buf=4 << 20):
     return out
 
 
-def plan_step(layout, ordinals, pol):
+def mapped_records(layout, ords):
+    """Which of a step's records (ordinals, repeats allowed) the record map
+    reads straight from their leaf: inline values in leaves the step needs
+    at most half the records of (csrc/bulk.c choose_mapped)."""
+    leaf = np.searchsorted(layout.first, ords, side="right") - 1
+    lv, inv, cnt = np.unique(leaf, return_inverse=True, return_counts=True)
+    per_leaf = (layout.first[lv + 1] - layout.first[lv]).astype(np.int64)
+    return (2 * cnt <= per_leaf)[inv] & (layout.ovpg[ords] == 0)
+
+
+def plan_step(layout, ordinals, pol, mapped=False, keys=True):
     """The reads of one Reader step (a batch, or a window): leaves, then
-    overflow runs.  Returns (leaf reads, overflow reads)."""
+    overflow runs and (mapped: the index keeps the record map) the records
+    read straight from sparse leaves, in one plan.  Returns (leaf reads,
+    overflow and record reads)."""
     ps = layout.psize
     ords = np.asarray(ordinals, dtype=np.int64)
     if len(ords) == 0:
         return [], []
-    leaves = np.unique(np.searchsorted(layout.first, ords, side="right") - 1)
+    direct = mapped_records(layout, ords) if mapped else \
+        np.zeros(len(ords), dtype=bool)
+    leaves = np.unique(np.searchsorted(layout.first, ords[~direct],
+                                       side="right") - 1)
     pg = layout.leaf_pgno[leaves].astype(np.int64)
     order = np.argsort(pg, kind="stable")   # read by page; slot by key order
     pg, slots = pg[order], order
@@ -362,17 +391,38 @@ def plan_step(layout, ordinals, pol):
     ov = layout.ovpg[ords]
     sel = ov > 0
     ov_reads = []
+    offs, lens = [], []
     if sel.any():
         run = np.unique(ov[sel])                 # each run read once
         vs = _vsize_of(layout, run)
-        offs = np.empty(2 * len(run), dtype=np.int64)
-        lens = np.empty(2 * len(run), dtype=np.int64)
-        offs[0::2] = run * ps
-        offs[1::2] = run * ps + PAGEHDRSZ
-        lens[0::2] = PAGEHDRSZ
-        lens[1::2] = vs
-        ov_reads = coalesce(offs.tolist(), lens.tolist(),
-                            [False] * len(offs), pol.max_gap, pol.max_read,
+        o = np.empty(2 * len(run), dtype=np.int64)
+        ln = np.empty(2 * len(run), dtype=np.int64)
+        o[0::2] = run * ps
+        o[1::2] = run * ps + PAGEHDRSZ
+        ln[0::2] = PAGEHDRSZ
+        ln[1::2] = vs
+        offs.append(o)
+        lens.append(ln)
+    if direct.any():
+        rec = np.unique(ords[direct])            # each record read once
+        leaf = np.searchsorted(layout.first, rec, side="right") - 1
+        at = layout.leaf_pgno[leaf].astype(np.int64) * ps + \
+            layout.nodeoff[rec] + NODEHDRSZ
+        ks, vs = layout.ksize[rec], layout.vsize[rec]
+        if keys:   # the key, then the value after it
+            o = np.empty(2 * len(rec), dtype=np.int64)
+            ln = np.empty(2 * len(rec), dtype=np.int64)
+            o[0::2], o[1::2] = at, at + ks
+            ln[0::2], ln[1::2] = ks, vs
+        else:
+            o, ln = at + ks, vs
+        offs.append(o)
+        lens.append(ln)
+    if offs:
+        o, ln = np.concatenate(offs), np.concatenate(lens)
+        order = np.argsort(o, kind="stable")
+        ov_reads = coalesce(o[order].tolist(), ln[order].tolist(),
+                            [False] * len(o), pol.max_gap, pol.max_read,
                             pol.max_segs)
     return leaf_reads, ov_reads
 
@@ -408,9 +458,11 @@ def reader_policy(storage="local", prefetch_bytes=64 << 20, unit="window"):
                   window_bytes=prefetch_bytes // 4, growth=True, threads=16)
 
 
-def steps_of(layout, ords_per_batch, pol):
+def steps_of(layout, ords_per_batch, pol, mapped=False):
     """Group a rank's batches into the planner's steps: one per batch, or
-    one per window of consecutive batches holding up to window_bytes."""
+    one per window of consecutive batches holding up to window_bytes
+    (mapped: leaves the record map skips are not part of a window's
+    bytes)."""
     if pol.unit == "batch":
         return ords_per_batch
     if pol.growth:
@@ -421,7 +473,8 @@ def steps_of(layout, ords_per_batch, pol):
             i += len(win)
             w = np.concatenate(win)
             out.append(w)
-            leaves = len(np.unique(np.searchsorted(first, w, side="right")))
+            wl = w[~mapped_records(layout, w)] if mapped else w
+            leaves = len(np.unique(np.searchsorted(first, wl, side="right")))
             size = leaves * layout.psize + int(layout.vsize[w].sum()) + \
                 int(layout.ksize[w].sum())
             bs = len(win[0])
@@ -463,6 +516,23 @@ class Job:
         return -(-self.P // self.ranks_per_node)
 
 
+def reader_has_map(layout, job, rank, engine="posix"):
+    """Whether a rank's record index keeps the record map: a tree that
+    qualifies, indexed whole by the rank itself (lmdbio.Reader._part_wanted:
+    one rank, a shuffled order, or a share that wraps around); a partial
+    index and the one MPI ranks build together keep none."""
+    if engine != "posix" or not layout.has_recmap():
+        return False
+    n, P = layout.n_records, job.P
+    if job.shuffle or P == 1:
+        return True
+    per = -(-n // P)
+    first, count = rank * per, per
+    if count == 0 or first + count > n:
+        return True
+    return min(first + count, n - first) >= n
+
+
 def _reads_summary(reads):
     lens = [ln for _, ln in reads]
     return len(lens), sum(lens), (max(lens) if lens else 0)
@@ -498,7 +568,8 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     else:
         units = batches(shard(layout, rank, job.P, job.shuffle,
                               batch_size=bs), bs)
-    steps = steps_of(layout, units, pol)
+    mapped = reader_has_map(layout, job, rank, engine)
+    steps = steps_of(layout, units, pol, mapped)
     picked = range(len(steps))
     scale = 1.0
     if sample and len(steps) > sample:
@@ -507,7 +578,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     req = nbytes = ireq = ibytes = mx = coll = 0
     step_req, reads_all = [], []   # per non-empty step
     for i in picked:
-        for part in plan_step(layout, steps[i], pol):
+        for part in plan_step(layout, steps[i], pol, mapped):
             if not part:
                 continue
             n, b, _ = _reads_summary(part)
@@ -533,12 +604,13 @@ def _steps_count(layout, job, pol):
     return -(-per // job.batch_size)
 
 
-def index_build(layout, P=1, rank=0):
+def index_build(layout, P=1, rank=0, recmap=False):
     """The reads of building the record index (csrc/index.c): every rank
     reads the branch levels (pages coalesced with no hole, in rounds of 256),
     then its share of the leaf headers, 16 bytes each, headers at most
     INDEX_HEADER_GAP apart in one request (the pages between them read
-    over)."""
+    over); with the record map (recmap: reader_has_map) whole leaves
+    instead, in rounds of 256 pages."""
     ps = layout.psize
     req = nbytes = 0
     reads = []
@@ -555,10 +627,12 @@ def index_build(layout, P=1, rank=0):
     lo, hi = L * rank // P, L * (rank + 1) // P
     pg = np.sort(layout.leaf_pgno[lo:hi].astype(np.int64))
     hdr = 0
-    for c0 in range(0, len(pg), INDEX_CHUNK_HEADERS):
-        ch = pg[c0:c0 + INDEX_CHUNK_HEADERS]
-        rd = coalesce((ch * ps).tolist(), [PAGEHDRSZ] * len(ch),
-                      [False] * len(ch), INDEX_HEADER_GAP * ps, 8 << 20)
+    chunk = INDEX_CHUNK_PAGES if recmap else INDEX_CHUNK_HEADERS
+    for c0 in range(0, len(pg), chunk):
+        ch = pg[c0:c0 + chunk]
+        rd = coalesce((ch * ps).tolist(), [ps if recmap else PAGEHDRSZ] *
+                      len(ch), [bool(recmap)] * len(ch),
+                      INDEX_HEADER_GAP * ps, 8 << 20)
         hdr += len(rd)
         nbytes += sum(x[1] for x in rd)
         reads.extend(rd)
@@ -566,7 +640,7 @@ def index_build(layout, P=1, rank=0):
                 reads=reads,
                 branch_pages=layout.n_branch, leaf_headers=hi - lo,
                 rounds=len(layout.branch_levels) + max(
-                    1, -(-(hi - lo) // INDEX_CHUNK_HEADERS)))
+                    1, -(-(hi - lo) // chunk)))
 
 
 # -- mmap readers: pages touched, read-around windows -----------------------
@@ -745,7 +819,8 @@ def project_reader(layout, job, pol, st, kind, sample=64):
                    walk_steps=0, steps=m["steps"],
                    collectives=(_collectives(m, kind) if kind != "posix"
                                 else 0), opens=P)
-        idx = index_build(layout, 1 if kind == "posix" else P, 0)
+        idx = index_build(layout, 1 if kind == "posix" else P, 0,
+                          reader_has_map(layout, job, 0, kind))
         res["leaf_headers"] = 0 if job.index_cached else idx["leaf_headers"]
         startup = _open_time(st, P, OPEN_OPS) + \
             _index_time(layout, job, st, kind, idx)
@@ -1041,7 +1116,8 @@ def _compare_lmdbio(lay, job, peer, ranks, d, pol):
         if not r.get("index_from_cache", True):
             # the cached index was not found (FUSE inode numbers change
             # when the kernel forgets an inode): this rank rebuilt it
-            idx = index_build(lay, 1 if peer == "posix" else P, rank)
+            idx = index_build(lay, 1 if peer == "posix" else P, rank,
+                              reader_has_map(lay, job, rank, peer))
             model_req += idx["requests"]
             model_bytes += idx["bytes"]
             steps.insert(0, idx["reads"])

@@ -6,10 +6,14 @@
  * Step 2 (fill) copies inline keys and values out of the leaves and reads
  * overflow values straight into their place in the caller's buffer, the
  * 16-byte page header of each run landing in a side buffer to be checked.
+ * Records the index maps (lio_index.recmap) skip the leaf: prepare sizes
+ * them from the map and fill reads their key and value (adjacent in the
+ * node) straight into the batch, in the same plan as the overflow values.
  *
  * Layer 5 of the core, beside the cursors.
  * May call: errors.c (lio_fail), format.c (page and leaf checks, records,
- * lio_grow), pager.c (lio_check_extent), plan.c, index.c (ordinal -> leaf)
+ * lio_grow, lio_sort_u64), pager.c (lio_check_extent), plan.c, index.c
+ * (ordinal -> leaf, the record map)
  * and cursor.c (the records of a leaf's duplicate sub-trees). */
 #include <stdlib.h>
 
@@ -23,7 +27,9 @@ typedef struct rec {
     const uint8_t *val;       /* inline value, NULL for overflow */
     uint64_t vsize;
     uint64_t ovpg;            /* first overflow page, 0 if inline */
+    uint64_t at;              /* mapped: file offset of the key, else 0 */
     int64_t arena_at;         /* value copied to the arena, else -1 */
+    uint8_t *kdst;            /* where fill puts a mapped record's key */
     uint8_t *vdst;            /* where fill puts the value */
 } rec;
 
@@ -55,9 +61,12 @@ struct lio_bulk {
     uint32_t dup_klen;
     uint64_t dup_pos;         /* dupcur is on this duplicate of dup_key */
     int dup_valid;
-    /* overflow reads: (first page, record) pairs sorted by page */
+    /* direct reads (overflow values, mapped records): (file offset,
+     * record) pairs sorted by offset */
     uint64_t *ov_order;
     uint8_t *ov_hdr;
+    uint64_t *pairs;          /* (leaf, record) pairs of a window */
+    size_t pairs_cap;
     size_t ov_cap;
     /* cache policy (lio_bulk_set_cache) */
     size_t region;            /* read-ahead region bytes, 0: none */
@@ -236,7 +245,26 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
         pages[np++] = pg;
     }
     if (!sorted)
-        qsort(pages, np, sizeof *pages, lio_cmp_u64);
+        lio_sort_u64(pages, np, 1);
+    advise_regions(b, pages, np);
+    free(pages);
+}
+
+/* Advise the leaves of the mapped records (their offsets sorted in
+ * ov_order[0..n)) as load_leaves advises the leaves it reads. */
+static void advise_mapped(lio_bulk *b, size_t n)
+{
+    uint64_t *pages = malloc((n ? n : 1) * sizeof *pages);
+    size_t np = 0;
+    if (!pages)
+        return; /* advice is optional */
+    for (size_t j = 0; j < n; j++) {
+        uint64_t pg = b->ov_order[2 * j] / b->env->psize;
+        if (!b->recs[b->ov_order[2 * j + 1]].at ||
+            (np && pages[np - 1] == pg))
+            continue;
+        pages[np++] = pg;
+    }
     advise_regions(b, pages, np);
     free(pages);
 }
@@ -266,6 +294,7 @@ void lio_bulk_close(lio_bulk *b)
     free(b->arena);
     free(b->ov_order);
     free(b->ov_hdr);
+    free(b->pairs);
     free(b->advised);
     drop_read(b);
     lio_cursor_close(b->dupcur);
@@ -312,7 +341,7 @@ static int load_leaves(lio_bulk *b)
                 sorted = 0;
         }
         if (!sorted) /* appended databases keep key order on disk */
-            qsort(keyed, b->nleaves, 2 * sizeof *keyed, lio_cmp_u64);
+            lio_sort_u64(keyed, b->nleaves, 2);
         for (size_t i = 0; i < b->nleaves; i++) {
             pages[i] = keyed[2 * i];
             by_page[i] = (size_t)keyed[2 * i + 1];
@@ -516,12 +545,62 @@ static int locate(lio_bulk *b, const uint8_t *p, uint64_t pg, uint64_t rank,
     return LIO_SUCCESS;
 }
 
+/* Which records of the window skip their leaf: those the map knows whose
+ * leaf the window needs sparsely (at most half its records; a leaf needed
+ * more densely is read whole, one large read instead of many small ones).
+ * Sizes them from the map and adds their bytes to *kb, *vb. */
+static int choose_mapped(lio_bulk *b, const uint64_t *leafof, size_t n,
+                         int ascending, uint64_t *kb, uint64_t *vb)
+{
+    const lio_index *idx = b->idx;
+    uint64_t lo = idx->first[0], psize = b->env->psize;
+    uint64_t *pairs;   /* (leaf, record) sorted by leaf */
+    int rc = LIO_SUCCESS;
+    if (lio_grow((void **)&b->pairs, &b->pairs_cap, 2 * (n ? n : 1),
+                 sizeof *b->pairs))
+        return oom(b);
+    pairs = b->pairs;
+    for (size_t i = 0; i < n; i++) {
+        pairs[2 * i] = leafof[i];
+        pairs[2 * i + 1] = i;
+    }
+    if (!ascending)
+        lio_sort_u64(pairs, n, 2);
+    for (size_t s = 0, e; s < n; s = e) {
+        uint64_t leaf = pairs[2 * s], pg = idx->leaf_pgno[leaf];
+        for (e = s + 1; e < n && pairs[2 * e] == leaf; e++)
+            ;
+        if (2 * (e - s) > idx->first[leaf + 1] - idx->first[leaf])
+            continue;   /* dense: read the leaf */
+        for (size_t k = s; k < e; k++) {
+            rec *r = &b->recs[pairs[2 * k + 1]];
+            uint64_t m = idx->recmap[r->ordinal - lo];
+            if (!m)   /* checked by lio_index_set_map */
+                continue;
+            r->at = pg * psize + (m & 0xffff) + NODEHDRSZ;
+            r->ksize = (uint32_t)((m >> 16) & 0xffff);
+            r->vsize = m >> 32;
+            r->key = r->val = NULL;
+            r->ovpg = 0;
+            r->arena_at = -1;
+            if ((rc = lio_check_extent(b->env, r->at, r->ksize + r->vsize,
+                                       pg, &b->err)))
+                return rc;
+            *kb += r->ksize;
+            *vb += r->vsize;
+        }
+    }
+    return rc;
+}
+
 int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      uint64_t *key_bytes, uint64_t *value_bytes)
 {
     const lio_index *idx = b->idx;
+    const uint64_t *map = idx->recmap;
     uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
-    uint64_t kb = 0, vb = 0, *leafof;
+    uint64_t kb = 0, vb = 0, *leafof, prev = 0;
+    size_t nleafy = 0;        /* records read through their leaf */
     int ascending = 1;
     int rc = LIO_SUCCESS;
 
@@ -536,7 +615,8 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     if (!leafof)
         return end_step(b, oom(b));
     for (size_t i = 0; i < n; i++) {
-        uint64_t ord = (uint64_t)ordinals[i];
+        uint64_t ord = (uint64_t)ordinals[i], leaf;
+        rec *r = &b->recs[i];
         if (ordinals[i] < 0 || ord < lo || ord >= total) {
             if (lo || total != b->db.entries)   /* a partial index */
                 rc = lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
@@ -553,18 +633,30 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         }
         /* Consecutive ordinals mostly stay on the previous leaf or step
          * to the next one: try those before searching. */
-        if (i && ord >= idx->first[leafof[i - 1]] &&
-            ord < idx->first[leafof[i - 1] + 1])
-            leafof[i] = leafof[i - 1];
-        else if (i && leafof[i - 1] + 1 < idx->nleaves &&
-                 ord >= idx->first[leafof[i - 1] + 1] &&
-                 ord < idx->first[leafof[i - 1] + 2])
-            leafof[i] = leafof[i - 1] + 1;
+        if (i && ord >= idx->first[prev] && ord < idx->first[prev + 1])
+            leaf = prev;
+        else if (i && prev + 1 < idx->nleaves &&
+                 ord >= idx->first[prev + 1] && ord < idx->first[prev + 2])
+            leaf = prev + 1;
         else
-            leafof[i] = lio_index_find(idx, ord);
-        if (i && leafof[i] < leafof[i - 1])
+            leaf = lio_index_find(idx, ord);
+        if (i && leaf < prev)
             ascending = 0;
-        b->recs[i].ordinal = ord;
+        prev = leaf;
+        leafof[i] = leaf;
+        r->ordinal = ord;
+        r->at = 0;
+    }
+    if (map && (rc = choose_mapped(b, leafof, n, ascending, &kb, &vb)))
+        goto out;
+    /* The leaves of the other records. */
+    ascending = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (b->recs[i].at)
+            continue;
+        if (nleafy && leafof[i] < leafof[nleafy - 1])
+            ascending = 0;
+        leafof[nleafy++] = leafof[i];   /* (nleafy <= i) */
     }
     /* Distinct leaves, in key order (a sequential batch is sorted already). */
     if (lio_grow((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
@@ -572,34 +664,37 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         rc = oom(b);
         goto out;
     }
-    memcpy(b->leaves, leafof, n * sizeof *leafof);
+    memcpy(b->leaves, leafof, nleafy * sizeof *leafof);
     if (!ascending)
-        qsort(b->leaves, n, sizeof *b->leaves, lio_cmp_u64);
-    for (size_t i = 0; i < n; i++)
+        lio_sort_u64(b->leaves, nleafy, 1);
+    for (size_t i = 0; i < nleafy; i++)
         if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
             b->leaves[b->nleaves++] = b->leaves[i];
-    if ((rc = load_leaves(b)))
+    if (b->nleaves && (rc = load_leaves(b)))
         goto out;
-    for (size_t i = 0, lo = 0; i < n; i++) {
+    for (size_t i = 0, j = 0, lo = 0; i < n; i++) {
         rec *r = &b->recs[i];
+        uint64_t leaf;
+        if (r->at)
+            continue;
+        leaf = leafof[j++];
         if (ascending) { /* slots advance with the leaves */
-            while (b->leaves[lo] != leafof[i])
+            while (b->leaves[lo] != leaf)
                 lo++;
         } else {
             size_t hi = b->nleaves;
             lo = 0;
-            while (hi - lo > 1) { /* slot of leafof[i] */
+            while (hi - lo > 1) { /* slot of leaf */
                 size_t mid = (lo + hi) / 2;
-                if (b->leaves[mid] <= leafof[i])
+                if (b->leaves[mid] <= leaf)
                     lo = mid;
                 else
                     hi = mid;
             }
         }
         r->slot = (uint32_t)lo;
-        rc = locate(b, b->leafbuf + lo * b->env->psize,
-                    idx->leaf_pgno[leafof[i]],
-                    r->ordinal - idx->first[leafof[i]], r);
+        rc = locate(b, b->leafbuf + lo * b->env->psize, idx->leaf_pgno[leaf],
+                    r->ordinal - idx->first[leaf], r);
         if (rc)
             goto out;
         kb += r->ksize;
@@ -673,7 +768,8 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
     b->ran = 0;
     if ((rc = check_ends(b, ends, nb)))
         return end_step(b, rc);
-    /* Inline keys and values now; overflow values get their destination. */
+    /* Inline keys and values now; overflow values and mapped records get
+     * their destinations. */
     for (size_t j = 0, i = 0; j < nb; j++) {
         const lio_batch_out *o = &out[j];
         int64_t kpos = 0, vpos = 0;
@@ -683,13 +779,16 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
         o->voff[0] = 0;
         for (; i < ends[j]; i++) {
             rec *r = &b->recs[i];
+            r->kdst = NULL;
             if (o->kdata) {
-                memcpy(o->kdata + kpos, r->key, r->ksize);
+                r->kdst = o->kdata + kpos;
+                if (!r->at)
+                    memcpy(r->kdst, r->key, r->ksize);
                 kpos += r->ksize;
                 o->koff[i - first + 1] = kpos;
             }
             r->vdst = o->vdata + vpos;
-            if (r->ovpg)
+            if (r->ovpg || r->at)
                 nov++;
             else
                 memcpy(r->vdst, r->val, (size_t)r->vsize);
@@ -711,20 +810,39 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
     }
     nov = 0;
     for (size_t i = 0; i < n; i++) {
-        if (b->recs[i].ovpg) {
-            b->ov_order[2 * nov] = b->recs[i].ovpg;
+        rec *r = &b->recs[i];
+        if (r->ovpg || r->at) {
+            b->ov_order[2 * nov] = r->ovpg ? r->ovpg * env->psize : r->at;
             b->ov_order[2 * nov + 1] = i;
             nov++;
         }
     }
-    qsort(b->ov_order, nov, 2 * sizeof *b->ov_order, lio_cmp_u64);
+    lio_sort_u64(b->ov_order, nov, 2);
+    if (b->region)
+        advise_mapped(b, nov);
     lio_plan_reset(&b->plan);
     for (size_t j = 0; j < nov; j++) {
         size_t i = (size_t)b->ov_order[2 * j + 1];
         rec *r = &b->recs[i];
-        uint64_t off = r->ovpg * env->psize;
-        if (j && b->ov_order[2 * (j - 1)] == r->ovpg)
-            continue; /* the same value twice: copied after the reads */
+        uint64_t off = b->ov_order[2 * j];
+        if (j && b->ov_order[2 * (j - 1)] == off)
+            continue; /* the same record twice: copied after the reads */
+        if (r->at) {  /* the key (if wanted), then the value after it */
+            if ((r->kdst && (rc = lio_plan_add(&b->plan, off, r->kdst,
+                                               r->ksize))) ||
+                (rc = lio_plan_add(&b->plan, off + r->ksize, r->vdst,
+                                   (size_t)r->vsize))) {
+                uint64_t pg = off / env->psize;
+                if (rc == LIO_ENOMEM)
+                    return end_step(b, oom(b));
+                return end_step(b, lio_fail(&b->err, LIO_CORRUPTED, pg,
+                                            "page %llu: the record map puts "
+                                            "record %llu over another",
+                                            (unsigned long long)pg,
+                                            (unsigned long long)r->ordinal));
+            }
+            continue;
+        }
         if ((rc = lio_plan_add(&b->plan, off, b->ov_hdr + j * PAGEHDRSZ,
                                PAGEHDRSZ)) ||
             (rc = lio_plan_add(&b->plan, off + PAGEHDRSZ, r->vdst,
@@ -740,7 +858,24 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
         rec *r = &b->recs[i];
         const uint8_t *h = b->ov_hdr + j * PAGEHDRSZ;
         uint64_t need = (PAGEHDRSZ + r->vsize + env->psize - 1) / env->psize;
-        if (j && b->ov_order[2 * (j - 1)] == r->ovpg) {
+        if (r->at) {
+            if (j && b->ov_order[2 * (j - 1)] == r->at) {
+                const rec *p = &b->recs[b->ov_order[2 * (j - 1) + 1]];
+                if (p->ksize != r->ksize || p->vsize != r->vsize)
+                    return lio_fail(&b->err, LIO_CORRUPTED,
+                                    r->at / env->psize, "page %llu: the "
+                                    "record map gives records %llu and %llu "
+                                    "one place but different sizes",
+                                    (unsigned long long)(r->at / env->psize),
+                                    (unsigned long long)p->ordinal,
+                                    (unsigned long long)r->ordinal);
+                if (r->kdst)
+                    memcpy(r->kdst, p->kdst, r->ksize);
+                memcpy(r->vdst, p->vdst, (size_t)r->vsize);
+            }
+            continue;
+        }
+        if (j && b->ov_order[2 * (j - 1)] == r->ovpg * env->psize) {
             size_t prev = (size_t)b->ov_order[2 * (j - 1) + 1];
             if (b->recs[prev].vsize != r->vsize)
                 return lio_fail(&b->err, LIO_CORRUPTED, r->ovpg,

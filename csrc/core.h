@@ -86,6 +86,11 @@ int lio_check_page(const uint8_t *p, uint32_t size, uint64_t pgno, int subpage,
 
 /* qsort order of uint64_t values. */
 int lio_cmp_u64(const void *a, const void *b);
+/* Sort n elements of `words` (1..4) uint64_t each by their first word,
+ * stably (a radix sort over the bits in use: offsets and page numbers of
+ * a window sort in a few linear passes, where qsort's comparisons cost
+ * more than the rest of planning the window). */
+void lio_sort_u64(uint64_t *a, size_t n, size_t words);
 /* Grow *arr (*cap elements of elem bytes) to hold at least need elements,
  * doubling; 0, or -1 (nothing changed) when memory runs out. */
 int lio_grow(void **arr, size_t *cap, size_t need, size_t elem);

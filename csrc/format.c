@@ -381,6 +381,64 @@ int lio_cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+void lio_sort_u64(uint64_t *a, size_t n, size_t words)
+{
+    enum { BITS = 11, BINS = 1 << BITS };
+    size_t sz = words * sizeof *a, *count;
+    uint64_t top = 0, *tmp, *src = a, *dst;
+    unsigned passes = 0;
+    if (n < 64) {   /* insertion sort: few elements, stable */
+        uint64_t e[4];
+        for (size_t i = 1; i < n; i++) {
+            size_t j = i;
+            memcpy(e, a + i * words, sz);
+            for (; j > 0 && a[(j - 1) * words] > e[0]; j--)
+                memcpy(a + j * words, a + (j - 1) * words, sz);
+            memcpy(a + j * words, e, sz);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        top |= a[i * words];
+    while (top >> (passes * BITS))
+        passes++;
+    tmp = malloc(n * sz);
+    count = malloc(BINS * sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        qsort(a, n, sz, lio_cmp_u64);
+        return;
+    }
+    dst = tmp;
+    /* least significant digit first: each pass keeps the order of the
+     * last among equal digits */
+    for (unsigned p = 0; p < passes; p++) {
+        unsigned shift = p * BITS;
+        size_t sum = 0;
+        uint64_t *t;
+        memset(count, 0, BINS * sizeof *count);
+        for (size_t i = 0; i < n; i++)
+            count[(src[i * words] >> shift) & (BINS - 1)]++;
+        for (size_t d = 0; d < BINS; d++) {
+            size_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            size_t at = count[(src[i * words] >> shift) & (BINS - 1)]++;
+            memcpy(dst + at * words, src + i * words, sz);
+        }
+        t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, n * sz);
+    free(tmp);
+    free(count);
+}
+
 int lio_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
     size_t ncap;

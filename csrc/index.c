@@ -4,11 +4,14 @@
  * per snapshot from the branch levels (few pages) and the leaves' 16-byte
  * headers (whole leaves for DUPSORT trees, whose duplicates count), level
  * by level, each level read in page order through the executor; headers
- * of neighbouring leaves in one request.
+ * of neighbouring leaves in one request.  Trees of few records per leaf
+ * (LIO_RECMAP_PER_LEAF) are read as whole leaves, checked, and each
+ * record's place in its leaf is kept (the record map), so that a bulk read
+ * of scattered records reads just their bytes.
  *
  * Above the page cache, beside cursors and bulk reads.
  * May call: errors.c, format.c (page and leaf-header checks,
- * lio_leaf_dup_records), plan.c and pager.c (lio_check_extent). */
+ * lio_leaf_dup_records, lio_grow), plan.c and pager.c (lio_check_extent). */
 #include <stdlib.h>
 
 #include "core.h"
@@ -20,6 +23,41 @@ typedef struct {
     uint64_t pgno;
     uint64_t pos;    /* position in key order within the level */
 } pg_pos;
+
+/* Record map entries of the leaves scanned so far, in page order. */
+typedef struct {
+    uint64_t *ent;
+    size_t len, cap;
+    uint64_t *start;  /* start[pos]: the leaf's first entry in ent */
+} map_acc;
+
+static uint64_t map_entry(const uint8_t *p, unsigned i)
+{
+    uint16_t off = ld16(p + PAGEHDRSZ + 2 * i);
+    const uint8_t *nd = p + off;
+    if (nd_flags(nd))
+        return 0;   /* overflow value or duplicates: read through the leaf */
+    return (uint64_t)off | (uint64_t)nd_ksize(nd) << 16 |
+           (uint64_t)nd_dsize(nd) << 32;
+}
+
+/* The map entries of a leaf whose header was checked.  A leaf whose nodes
+ * fail the page checks gets no entries: its records are read through the
+ * leaf, which raises when a batch needs them, as without a map. */
+static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
+                    uint64_t pg, uint64_t pos, lio_error *err)
+{
+    unsigned n = pg_numkeys(p);
+    lio_error ignored;
+    int ok = lio_check_page(p, psize, pg, 0, &ignored) == LIO_SUCCESS;
+    if (lio_grow((void **)&acc->ent, &acc->cap, acc->len + n,
+                 sizeof *acc->ent))
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    acc->start[pos] = acc->len;
+    for (unsigned i = 0; i < n; i++)
+        acc->ent[acc->len++] = ok ? map_entry(p, i) : 0;
+    return LIO_SUCCESS;
+}
 
 static int by_pgno(const void *a, const void *b)
 {
@@ -72,7 +110,48 @@ void lio_index_free(lio_index *idx)
         return;
     free(idx->leaf_pgno);
     free(idx->first);
+    free(idx->recmap);
     free(idx);
+}
+
+int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,
+                      uint64_t n, lio_error *err)
+{
+    uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
+    if (n != total - lo) {
+        free(map);
+        return lio_fail(err, LIO_CORRUPTED, LIO_NO_PAGE,
+                        "the record map has %llu entries for %llu records",
+                        (unsigned long long)n,
+                        (unsigned long long)(total - lo));
+    }
+    for (uint64_t leaf = 0; leaf < idx->nleaves; leaf++) {
+        for (uint64_t ord = idx->first[leaf]; ord < idx->first[leaf + 1];
+             ord++) {
+            uint64_t e = map[ord - lo];
+            uint64_t off = e & 0xffff, ks = (e >> 16) & 0xffff, vs = e >> 32;
+            if (e == 0)
+                continue;
+            /* a node's header and key and value inside its page, past the
+             * page header and the first node pointer */
+            if (off < PAGEHDRSZ + 2 || (off & 1) ||
+                off + NODEHDRSZ + ks + vs > psize) {
+                unsigned long long pg = idx->leaf_pgno[leaf];
+                free(map);
+                return lio_fail(err, LIO_CORRUPTED, pg,
+                                "page %llu: the record map puts record %llu "
+                                "(node at %llu, key %llu bytes, value %llu "
+                                "bytes) outside the %u-byte page", pg,
+                                (unsigned long long)ord,
+                                (unsigned long long)off,
+                                (unsigned long long)ks,
+                                (unsigned long long)vs, psize);
+            }
+        }
+    }
+    free(idx->recmap);
+    idx->recmap = map;
+    return LIO_SUCCESS;
 }
 
 int lio_index_adopt(lio_index **out, const lio_meta *snap,
@@ -131,10 +210,10 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                       const lio_executor *ex, lio_plan *plan,
                       const uint64_t *level, uint64_t n, int leaf_level,
                       uint64_t **next_out, uint64_t *next_n, uint64_t *counts,
-                      lio_error *err)
+                      map_acc *acc, lio_error *err)
 {
     int dupsort = (db->flags & LIO_DUPSORT) != 0;
-    int hdr_only = leaf_level && !dupsort;
+    int hdr_only = leaf_level && !dupsort && !acc;
     size_t sz = hdr_only ? PAGEHDRSZ : env->psize;
     size_t chunk = hdr_only ? CHUNK_HEADERS : CHUNK_PAGES;
     pg_pos *order = malloc(n * sizeof *order);
@@ -194,10 +273,12 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         for (uint64_t j = 0; j < cn; j++) {
             const uint8_t *p = buf + j * sz;
             uint64_t pg = order[c0 + j].pgno, pos = order[c0 + j].pos;
-            if (hdr_only) {
+            if (leaf_level && !dupsort) {
                 if ((rc = lio_check_leaf_header(p, env->psize, pg, err)))
                     goto out;
                 counts[pos] = pg_numkeys(p);
+                if (acc && (rc = map_leaf(acc, p, env->psize, pg, pos, err)))
+                    goto out;
                 continue;
             }
             if (pg_pgno(p) != pg) {
@@ -308,7 +389,7 @@ int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
             break;
         }
         rc = scan_level(env, snap, db, ex, &plan, level, n, 0, &next, &next_n,
-                        NULL, err);
+                        NULL, NULL, err);
         if (rc)
             break;
         free(level);
@@ -330,9 +411,10 @@ int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     return LIO_SUCCESS;
 }
 
-int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
-                    const lio_executor *ex, const uint64_t *leaves,
-                    uint64_t n, uint64_t *counts, lio_error *err)
+static int count_leaves(lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        const uint64_t *leaves, uint64_t n, uint64_t *counts,
+                        map_acc *acc, lio_error *err)
 {
     lio_plan plan;
     int rc;
@@ -346,16 +428,24 @@ int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     lio_plan_init(&plan, (db->flags & LIO_DUPSORT) ? 0 : 4 * (size_t)env->psize,
                   8u << 20);
     rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, NULL, NULL,
-                    counts, err);
+                    counts, acc, err);
     lio_plan_free(&plan);
     return rc;
+}
+
+int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                    const lio_executor *ex, const uint64_t *leaves,
+                    uint64_t n, uint64_t *counts, lio_error *err)
+{
+    return count_leaves(env, snap, db, ex, leaves, n, counts, NULL, err);
 }
 
 int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
                     lio_error *err)
 {
-    uint64_t *leaves, n, *counts = NULL, *first;
+    uint64_t *leaves, n, *counts = NULL, *first, *map = NULL;
+    map_acc acc = {NULL, 0, 0, NULL}, *accp = NULL;
     int rc;
 
     *out = NULL;
@@ -367,20 +457,52 @@ int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
         rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
         goto fail;
     }
-    if ((rc = lio_index_count(env, snap, db, ex, leaves, n, counts, err)))
+    /* Few records per leaf (by the database record's count, checked once
+     * the leaves are counted): read whole leaves and map their records. */
+    if (!(db->flags & LIO_DUPSORT) && n &&
+        db->entries <= (uint64_t)LIO_RECMAP_PER_LEAF * n) {
+        if (!(acc.start = malloc(n * sizeof *acc.start))) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto fail;
+        }
+        accp = &acc;
+    }
+    if ((rc = count_leaves(env, snap, db, ex, leaves, n, counts, accp, err)))
         goto fail;
     first[0] = 0;
     for (uint64_t i = 0; i < n; i++)
         first[i + 1] = first[i] + counts[i];
+    if (accp) {   /* entries from page order to key order */
+        if (!(map = malloc((first[n] ? first[n] : 1) * sizeof *map))) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto fail;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            memcpy(map + first[i], acc.ent + acc.start[i],
+                   counts[i] * sizeof *map);
+        free(acc.ent);
+        free(acc.start);
+        acc.ent = acc.start = NULL;
+    }
     free(counts);
     rc = lio_index_adopt(out, snap, db, n, leaves, first, 0, err);
-    if (rc == LIO_SUCCESS)
+    if (rc == LIO_SUCCESS) {
         (*out)->pages_read = n;
+        if (map && (rc = lio_index_set_map(*out, env->psize, map, first[n],
+                                           err))) {
+            lio_index_free(*out);
+            *out = NULL;
+        }
+    } else {
+        free(map);
+    }
     return rc;
 fail:
     free(leaves);
     free(counts);
     free(first);
+    free(acc.ent);
+    free(acc.start);
     return rc;
 }
 

@@ -2,7 +2,11 @@
  * bulk.c) over a whole file in memory, with an executor that copies from
  * the input.  Builds the index of the main DB (and of the first named DB),
  * then reads records by ordinal: all of them in order, a few in reverse
- * and repeated, the last one, with and without keys. */
+ * and repeated, the last one, with and without keys.  Then the same index
+ * with a record map as a cache file could carry one: the built map with
+ * entries replaced, flipped or cleared by the input's bytes (a map is
+ * input: lio_index_set_map must refuse what would read outside a page,
+ * and the reads must stay inside the batch). */
 #include "fuzz_common.h"
 
 static volatile unsigned sink;
@@ -33,8 +37,74 @@ static void read_some(lio_bulk *b, const int64_t *ords, size_t n, int keys)
     free(vo);
 }
 
+/* The index again, with a map made from the built one and the input. */
+static void damaged_map(lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, lio_executor *ex,
+                        const lio_index *built, const uint8_t *data,
+                        size_t size)
+{
+    uint64_t n = built->nleaves, nrec, *lp, *fi, *map;
+    lio_index *idx;
+    lio_bulk *b;
+    lio_error err;
+    int64_t ords[16];
+    size_t k = 0;
+    lp = malloc((n ? n : 1) * sizeof *lp);
+    fi = malloc((n + 1) * sizeof *fi);
+    if (!lp || !fi) {
+        free(lp);
+        free(fi);
+        return;
+    }
+    if (n)
+        memcpy(lp, built->leaf_pgno, n * sizeof *lp);
+    memcpy(fi, built->first, (n + 1) * sizeof *fi);
+    if (lio_index_adopt(&idx, snap, db, n, lp, fi, 0, &err))
+        return;
+    nrec = idx->first[n] - idx->first[0];
+    map = malloc((nrec ? nrec : 1) * sizeof *map);
+    if (!map || size < 8) {
+        free(map);
+        lio_index_free(idx);
+        return;
+    }
+    for (uint64_t i = 0; i < nrec; i++) {
+        uint64_t e = built->recmap ? built->recmap[i] : 0;
+        uint8_t x = data[(i * 131) % size];
+        switch (x % 5) {
+        case 1:
+            memcpy(&e, data + (i * 8) % (size - 7), 8);
+            break;
+        case 2:
+            e ^= (uint64_t)1 << (x % 64);
+            break;
+        case 3:
+            e = 0;
+            break;
+        default:
+            break;
+        }
+        map[i] = e;
+    }
+    if (lio_index_set_map(idx, lio_env_psize(env), map, nrec, &err) == 0 &&
+        lio_bulk_open(&b, env, snap, db, idx, ex, &err) == 0) {
+        /* sparse (the map path), then dense and repeated (both paths) */
+        for (uint64_t i = 0; i < nrec && k < 8; i += 1 + nrec / 8)
+            ords[k++] = (int64_t)i;
+        if (k)
+            read_some(b, ords, k, 1);
+        k = 0;
+        for (uint64_t i = 0; i < nrec && k < 12; i++)
+            ords[k++] = (int64_t)(i / 2);
+        if (k)
+            read_some(b, ords, k, k & 1);
+        lio_bulk_close(b);
+    }
+    lio_index_free(idx);
+}
+
 static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
-                    lio_executor *ex)
+                    lio_executor *ex, const uint8_t *data, size_t size)
 {
     lio_index *idx;
     lio_bulk *b;
@@ -83,6 +153,7 @@ static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         }
         lio_bulk_close(b);
     }
+    damaged_map(env, snap, db, ex, idx, data, size);
     lio_index_free(idx);
 }
 
@@ -102,8 +173,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (lio_env_snapshot(env, 0, &snap, &err) == 0) {
         lio_cursor *c;
         lio_val k, v;
-        bulk_db(env, &snap, &snap.main_db, &ex);
-        bulk_db(env, &snap, &snap.free_db, &ex);
+        bulk_db(env, &snap, &snap.main_db, &ex, data, size);
+        bulk_db(env, &snap, &snap.free_db, &ex, data, size);
         if (lio_cursor_open(&c, env, &snap, &snap.main_db, &err) == 0) {
             uint8_t name[512];
             size_t len = 0;
@@ -116,7 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (len) {
                 lio_dbrec rec;
                 if (lio_named_db(env, &snap, name, len, &rec, &err) == 0)
-                    bulk_db(env, &snap, &rec, &ex);
+                    bulk_db(env, &snap, &rec, &ex, data, size);
             }
         }
     }

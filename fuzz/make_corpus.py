@@ -60,6 +60,9 @@ def main():
     env_file("empty", lambda env: None)
     env_file("one_leaf", put_all(items=[(b"k%02d" % i, b"v" * i) for i in range(30)]))
     env_file("depth2", put_all(items=[(b"key%04d" % i, b"x" * 40) for i in range(200)]))
+    # few records per leaf, an overflow value among them: a record map
+    env_file("record_map", put_all(items=[(b"r%03d" % i, (b"%03d|" % i) * (
+        2500 if i == 7 else 150 + 10 * i)) for i in range(24)]))
     env_file("depth3", put_all(items=[((b"%03d" % i) * 166, b"") for i in range(100)]))
     env_file("overflow", put_all(items=[(b"a", b"A" * 9000), (b"b", b"small"),
                                         (b"c", bytes(range(256)) * 20)]))

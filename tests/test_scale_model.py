@@ -94,13 +94,14 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
     path = dbs[name]
     lay = sm.layout_from_file(path)
     bs = 64 if name != "mixed" else 16
-    idx = sm.index_build(lay, 1, 0)
     win = sm.reader_policy()
     one = dataclasses.replace(win, window_bytes=0)  # every window one batch
     per_batch = dataclasses.replace(win, unit="batch")
     for P in (1, 2, 4):
         job = sm.Job(P=P, batch_size=bs, shuffle=shuffle)
         for rank in range(P):
+            mapped = sm.reader_has_map(lay, job, rank)
+            idx = sm.index_build(lay, 1, 0, mapped)
             kw = dict(batch_size=bs, rank=rank, world_size=P, shuffle=shuffle,
                       index_cache=False)
             # prefetch_bytes=1: the Reader's windows stay one batch each
@@ -126,7 +127,7 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
                 if read_window is None or win.unit != "window":
                     continue  # a Reader that plans per batch only
                 base = r.io_stats()
-                for w in sm.steps_of(lay, sm.batches(ords, bs), win):
+                for w in sm.steps_of(lay, sm.batches(ords, bs), win, mapped):
                     ends = np.minimum(np.arange(bs, len(w) + bs, bs), len(w))
                     read_window(w, ends, True, independent=True)
                 req, nbytes = r.io_stats()

@@ -358,9 +358,10 @@ cdef class BulkFile:
             raise _error(self.path, &err)
         return counts
 
-    def adopt_index(self, leaf_pgno, first, bint partial=False):
+    def adopt_index(self, leaf_pgno, first, recmap=None, bint partial=False):
         """Use a cached index (validated against the snapshot; `partial`:
-        one that build_index_part made)."""
+        one that build_index_part made), with its record map if it has one
+        (index_recmap; every entry is checked against the page size)."""
         cdef lio_error err
         cdef int rc
         cdef uint64_t[::1] lp = np.ascontiguousarray(leaf_pgno, dtype=np.uint64)
@@ -385,6 +386,46 @@ cdef class BulkFile:
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()
+        if recmap is not None:
+            try:
+                self.set_recmap(recmap)
+            except BaseException:
+                self._drop_index()
+                raise
+
+    def set_recmap(self, recmap):
+        """Give the index a record map (index_recmap of this snapshot's
+        index, from a cache): every entry is checked first, a damaged one
+        raises CorruptedError naming its record and page."""
+        cdef lio_error err
+        cdef int rc
+        cdef uint64_t[::1] rm = np.ascontiguousarray(recmap, dtype=np.uint64)
+        cdef uint64_t nm = rm.shape[0]
+        cdef uint64_t *m
+        if self.idx == NULL:
+            raise RuntimeError('no record index')
+        m = <uint64_t *>malloc((nm if nm else 1) * sizeof(uint64_t))
+        if m == NULL:
+            raise MemoryError()
+        if nm:
+            memcpy(m, &rm[0], nm * sizeof(uint64_t))
+        with nogil:
+            rc = lio_index_set_map(self.idx, lio_env_psize(self.env), m, nm,
+                                   &err)
+        if rc:
+            raise _error(self.path, &err)
+
+    def index_recmap(self):
+        """A copy of the index's record map (where each record sits in its
+        leaf), or None when the index has none."""
+        if self.idx == NULL or self.idx.recmap == NULL:
+            return None
+        cdef uint64_t n = self.idx.first[self.idx.nleaves] - self.idx.first[0]
+        out = np.empty(n, dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        if n:
+            memcpy(&o[0], self.idx.recmap, n * sizeof(uint64_t))
+        return out
 
     def index_arrays(self):
         """(leaf page numbers, first ordinal of each leaf + total) copies."""

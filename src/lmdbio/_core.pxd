@@ -192,6 +192,7 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t *leaf_pgno
         uint64_t *first
         uint64_t pages_read
+        uint64_t *recmap
     ctypedef struct lio_pool:
         pass
     ctypedef struct lio_bulk:
@@ -225,6 +226,8 @@ cdef extern from "lmdbio.h" nogil:
                              const lio_executor *ex, int from_end,
                              uint64_t need, lio_error *err)
     void lio_index_free(lio_index *idx)
+    int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,
+                          uint64_t n, lio_error *err)
 
     int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
                       const lio_dbrec *db, const lio_index *idx,

@@ -186,7 +186,8 @@ def pin_snapshot(coll, bulk, txn_source=None):
 def cooperative_index(coll, bulk, load_cached, save_cached):
     """The record index, built with each rank counting a share of the leaf
     headers (counts exchanged with Allgatherv), or rank 0's cached copy
-    broadcast.  load_cached() -> (leaves, first) or None; save_cached(l, f)."""
+    broadcast.  load_cached() -> (leaves, first, record map or None) or None;
+    save_cached(l, f) (a cooperative build keeps no record map)."""
     MPI = _mpi()
     cached = coll.bcast(coll.run(
         lambda: load_cached() if coll.rank == 0 else None))

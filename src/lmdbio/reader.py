@@ -20,12 +20,12 @@ import numpy as np
 from lmdbio._bulk import BulkFile, gather
 from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
-                           SnapshotChangedError)
+                           SnapshotChangedError, make_error)
 
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
 _INDEX_MAGIC = 0x6C6D6462696F6978  # "lmdbioix"
-_INDEX_VERSION = 3  # 3: CRC-32 digest
+_INDEX_VERSION = 4  # 3: CRC-32 digest; 4: the record map
 _log = logging.getLogger('lmdbio')
 # A window's bytes at most (leaves, values, keys): windows of a few MiB stay
 # in the CPU's cache between the read and the copy into the batches, and a
@@ -146,11 +146,15 @@ def _digest(arr):
     return np.uint64(zlib.crc32(data))
 
 
-def _save_index(path, head, leaves, first):
-    """Write an index to the cache (atomically; a read-only cache directory
-    only costs the next start a rebuild)."""
-    body = np.concatenate([leaves, first]).astype(np.uint64)
-    blob = np.concatenate([head, np.array([len(leaves), _digest(body)],
+def _save_index(path, head, leaves, first, recmap=None):
+    """Write an index (and its record map, if any) to the cache
+    (atomically; a read-only cache directory only costs the next start a
+    rebuild)."""
+    if recmap is None:
+        recmap = np.empty(0, dtype=np.uint64)
+    body = np.concatenate([leaves, first, recmap]).astype(np.uint64)
+    blob = np.concatenate([head, np.array([len(leaves), len(recmap),
+                                           _digest(body)],
                                           dtype=np.uint64), body])
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -716,19 +720,21 @@ class Reader:
                 arr = np.load(path, allow_pickle=False)
             except Exception:  # missing, truncated, not an .npy: rebuild
                 return None
+            h = len(head)
             if arr.dtype != np.uint64 or arr.ndim != 1 or \
-                    len(arr) < len(head) + 2 or \
-                    not np.array_equal(arr[:len(head)], head):
+                    len(arr) < h + 3 or not np.array_equal(arr[:h], head):
                 return None
-            n = int(arr[len(head)])
-            body = arr[len(head) + 2:]
-            if len(body) != 2 * n + 1 or arr[len(head) + 1] != _digest(body):
+            n, m = int(arr[h]), int(arr[h + 1])
+            body = arr[h + 3:]
+            if len(body) != 2 * n + 1 + m or arr[h + 2] != _digest(body):
                 return None
-            return body[:n], body[n:]
+            # the map is checked entry by entry when it is adopted
+            return body[:n], body[n:2 * n + 1], \
+                (body[2 * n + 1:] if m else None)
 
-        def save(leaves, first, path=path):
+        def save(leaves, first, recmap=None, path=path):
             if use_cache:
-                _save_index(path, head, leaves, first)
+                _save_index(path, head, leaves, first, recmap)
 
         if self._coll is not None:
             from lmdbio.mpi import cooperative_index
@@ -738,18 +744,30 @@ class Reader:
         cached = load()
         if cached is not None:
             try:
-                self._file.adopt_index(*cached)
-                self.index_from_cache = True
-                return
+                self._file.adopt_index(cached[0], cached[1])
             except Error:
                 pass  # inconsistent with the snapshot: rebuild
+            else:
+                # A damaged record map fails here (CorruptedError naming
+                # its record and page), not silently rebuilt: the cache
+                # passed its digest, so something wrote it wrong.
+                if cached[2] is not None:
+                    try:
+                        self._file.set_recmap(cached[2])
+                    except CorruptedError as e:
+                        raise make_error(
+                            '%s; the cached index %s is damaged: delete it, '
+                            'or open with index_cache=False' % (e.what, path),
+                            e.code) from None
+                self.index_from_cache = True
+                return
         if part is not None:
             ppath = self._cache_file(index_cache, data, part)[0] \
                 if use_cache else None
             cached = load(ppath)
             if cached is not None:
                 try:
-                    self._file.adopt_index(*cached, partial=True)
+                    self._file.adopt_index(cached[0], cached[1], partial=True)
                     self.index_from_cache = True
                     return
                 except Error:
@@ -758,7 +776,7 @@ class Reader:
             save(*self._file.index_arrays(), path=ppath)
             return
         self._file.build_index()
-        save(*self._file.index_arrays())
+        save(*self._file.index_arrays(), self._file.index_recmap())
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
@@ -770,7 +788,8 @@ class Reader:
             index_cache, data = self._index_cache
             if index_cache is not False and index_cache is not None:
                 _save_index(*self._cache_file(index_cache, data),
-                            *self._file.index_arrays())
+                            *self._file.index_arrays(),
+                            self._file.index_recmap())
 
     # -- sizes ----------------------------------------------------------
     def _ordinals(self):
