@@ -32,11 +32,8 @@ Only ratios measured in one run are worth quoting.  Datasets must hold raw
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -62,16 +59,6 @@ else:
     from lmdbio.datum import DatumReader
 
 
-def settle(step=0.02):
-    # numpy's BLAS thread spins ~0.1 s after its import: untimed, as the
-    # import is
-    for _ in range(100):
-        c0 = time.process_time()
-        time.sleep(step)
-        if time.process_time() - c0 < 0.2 * step:
-            return
-
-
 def dali_pipe(shard, shards):
     @pipeline_def(batch_size=bs, num_threads=spec["threads"], device_id=None)
     def pipe():
@@ -94,7 +81,7 @@ def crc_of(data, labels, crc):
     return zlib.crc32(np.asarray(labels, dtype=np.int64).tobytes(), crc)
 
 
-settle()
+settle()   # numpy's BLAS thread: untimed, as the import is
 check = spec.get("check", 0)   # untimed runs: CRC of this many batches
 crc, n = 0, 0
 t0, c0 = time.perf_counter(), time.process_time()
@@ -137,12 +124,7 @@ PEERS = ("dali-epoch", "datum-epoch", "dali-shard", "datum-shard")
 
 
 def run_child(python, spec):
-    p = subprocess.run([python, "-c", CHILD, json.dumps(spec)],
-                       capture_output=True, text=True, timeout=3600)
-    if p.returncode != 0:
-        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"bench_dali: {spec['peer']} failed: {last}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return benchlib.run_child(python, CHILD, spec, script="bench_dali")
 
 
 def main(argv=None):
@@ -233,14 +215,8 @@ def report(path, mode, times, rounds):
     print(f"\n# {os.path.basename(path)} {mode}: median of {rounds} fresh-"
           "process runs; x DALI = median over rounds of t(DALI)/t(row) in "
           "the same round (> 1: faster than DALI)")
-    print(f"{'peer':22s} {'median ms':>10s} {'x DALI':>8s} {'(min-max)':>14s}")
-    for label, ts in times.items():
-        base = times["dali-epoch" if "epoch" in label else "dali-shard"]
-        ratios = [b / t for b, t in zip(base, ts)]
-        print(f"{label:22s} {statistics.median(ts) * 1e3:10.1f} "
-              f"{statistics.median(ratios):8.2f} "
-              f"{'(%.2f-%.2f)' % (min(ratios), max(ratios)):>14s}")
-    print()
+    print(benchlib.ratio_table(times, lambda label: "dali-epoch" if "epoch"
+                               in label else "dali-shard", "DALI") + "\n")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ of 64x64 written with py-lmdb under LMDBIO_BENCH_DIR (``lsun-like-N``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -55,16 +52,6 @@ else:
     from lmdbio.torch import LMDBDataset
 
 
-def settle(step=0.02):
-    # numpy's BLAS thread spins ~0.1 s after its import: untimed, as the
-    # import is
-    for _ in range(100):
-        c0 = time.process_time()
-        time.sleep(step)
-        if time.process_time() - c0 < 0.2 * step:
-            return
-
-
 def to_array(img):                 # torchvision's transform: a PIL image
     return np.asarray(img)
 
@@ -77,7 +64,7 @@ def first_only(batch):             # LSUNClass items are (image, None)
     return default_collate([item[0] for item in batch])
 
 
-settle()
+settle()   # numpy's BLAS thread: untimed, as the import is
 check, crc, n = spec.get("check", 0), 0, 0
 t0, c0 = time.perf_counter(), time.process_time()
 if spec["peer"] == "torchvision":
@@ -130,12 +117,7 @@ def make_dataset(path, records, seed=0):
 
 
 def run_child(python, spec, cwd):
-    p = subprocess.run([python, "-c", CHILD, json.dumps(spec)], cwd=cwd,
-                       capture_output=True, text=True, timeout=3600)
-    if p.returncode != 0:
-        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"bench_torch: {spec['peer']} failed: {last}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return benchlib.run_child(python, CHILD, spec, cwd, script="bench_torch")
 
 
 def main(argv=None):
@@ -212,15 +194,9 @@ def run_workers(path, a, workers, modes, later):
               f"median of {a.rounds} fresh-process epochs; x torchvision = "
               "median over rounds of t(torchvision, same start)/t(row) in "
               "the same round (> 1: faster)")
-        print(f"{'peer':22s} {'median ms':>10s} {'x torchvision':>14s} "
-              f"{'(min-max)':>14s}")
-        for label, ts in times.items():
-            base_ts = times["torchvision/" + label.split("/")[1]]
-            ratios = [b / t for b, t in zip(base_ts, ts)]
-            print(f"{label:22s} {statistics.median(ts) * 1e3:10.1f} "
-                  f"{statistics.median(ratios):14.2f} "
-                  f"{'(%.2f-%.2f)' % (min(ratios), max(ratios)):>14s}")
-        print()
+        print(benchlib.ratio_table(
+            times, lambda label: "torchvision/" + label.split("/")[1],
+            "torchvision") + "\n")
 
 
 if __name__ == "__main__":

@@ -142,3 +142,38 @@ def cached_fraction(path: str) -> float:
             _libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------
+# real peers in their own interpreters (bench_dali.py, bench_torch.py)
+# --------------------------------------------------------------------------
+
+def run_child(python: str, body: str, spec: dict, cwd: str | None = None,
+              script: str = "bench") -> dict:
+    """One timed run: `body` (after lmdbio.bench.settle) in a fresh `python`
+    process with the JSON spec as argv[1]; its last stdout line, as JSON.
+    A failure exits with one line naming the peer."""
+    import json
+    import subprocess
+    p = subprocess.run([python, "-c", bench.child_source(body),
+                        json.dumps(spec)], cwd=cwd, capture_output=True,
+                       text=True, timeout=3600)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"{script}: {spec['peer']} failed: {last}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def ratio_table(times: dict, base_of, peer_name: str) -> str:
+    """Median time and median per-round ratio t(base)/t(row) of each row of
+    `times` (label -> seconds per round); base_of(label) names the row it
+    is compared with."""
+    import statistics
+    lines = [f"{'peer':22s} {'median ms':>10s} {'x ' + peer_name:>14s} "
+             f"{'(min-max)':>14s}"]
+    for label, ts in times.items():
+        ratios = [b / t for b, t in zip(times[base_of(label)], ts)]
+        lines.append(f"{label:22s} {statistics.median(ts) * 1e3:10.1f} "
+                     f"{statistics.median(ratios):14.2f} "
+                     f"{'(%.2f-%.2f)' % (min(ratios), max(ratios)):>14s}")
+    return "\n".join(lines)

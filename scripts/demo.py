@@ -31,6 +31,7 @@ import lmdb
 import numpy as np
 
 import lmdbio
+from lmdbio.bench import child_source
 
 # --- the sample database -----------------------------------------------------
 
@@ -99,21 +100,11 @@ def read_all(module, path):
 # One timed walk in a fresh process: the import is not timed, opening is.
 # "reader": the same records as numpy batches through lmdbio.Reader (its
 # record index cached by the untimed warm-up walk, as in a later epoch).
-WALK = r"""
+# settle(): numpy's BLAS thread spins on a core for ~0.1 s after its import;
+# the import is untimed, so is that tail (it would take a core from the
+# Reader's threads).
+WALK = child_source(r"""
 import sys, time
-
-
-def settle(step=0.02):
-    # numpy's BLAS thread spins on a core for ~0.1 s after its import: the
-    # import is untimed, so is that tail (it would take a core from the
-    # Reader's threads).
-    for _ in range(100):
-        c0 = time.process_time()
-        time.sleep(step)
-        if time.process_time() - c0 < 0.2 * step:
-            return
-
-
 if sys.argv[1] == "reader":
     from lmdbio import Reader  # imports numpy: not timed, as for py-lmdb
     settle()
@@ -135,7 +126,7 @@ with env.begin() as txn:
         n += 1
 env.close()
 print(time.perf_counter() - t0, n)
-"""
+""")
 
 
 def timed_walk(name, path):

@@ -549,22 +549,31 @@ def _child(spec_json: str) -> int:
     spec = json.loads(spec_json)
     import numpy  # noqa: F401  (every peer's imports happen before timing)
     fn = prepare(spec)
-    _settle()
+    settle()
     print(json.dumps(_timed(fn)), flush=True)
     return 0
 
 
-def _settle(step=0.02, idle=0.2, limit=2.0):
+def settle(step=0.02, idle=0.2, limit=2.0):
     """Wait until this process is idle: numpy's OpenBLAS thread spins on a
     core for ~0.1 s after the import, which would land in the timed run of
     whichever peer comes first (and take a core from a threaded one).  The
-    import is untimed, so is its tail."""
+    import is untimed, so is its tail.  (Self-contained: child_source runs
+    it in other interpreters.)"""
+    import time
     end = time.perf_counter() + limit
     while time.perf_counter() < end:
         c0 = time.process_time()
         time.sleep(step)
         if time.process_time() - c0 < idle * step:
             return
+
+
+def child_source(body: str) -> str:
+    """Source of a timed child for any interpreter (lmdbio need not be
+    installed there): settle() defined, then `body`."""
+    import inspect
+    return inspect.getsource(settle) + "\n\n" + body
 
 
 def run_fresh(spec, timeout=3600):
