@@ -337,11 +337,11 @@ def rewrite_cache(path, edit):
     arr = np.load(path)
     h = 9
     n, m = int(arr[h]), int(arr[h + 1])
-    body = arr[h + 3:]
+    body = arr[h + 4:]
     leaves, first, recmap = edit(body[:n].copy(), body[n:2 * n + 1].copy(),
                                  body[2 * n + 1:].copy())
     reader_mod._save_index(path, arr[:h], leaves, first, recmap)
-    assert len(np.load(path)) == h + 3 + 2 * n + 1 + len(recmap)
+    assert len(np.load(path)) == h + 4 + 2 * n + 1 + len(recmap)
 
 
 @pytest.mark.parametrize("damage", ["past_page", "odd_offset", "in_header",
@@ -374,13 +374,19 @@ def test_damaged_cached_map_is_a_clear_error(tmp_path, damage):
 
     rewrite_cache(cache, edit)
     with pytest.raises(lmdbio.CorruptedError) as e:
-        lmdbio.Reader(path, shuffle=True)
+        lmdbio.Reader(path, shuffle=True)   # a shuffled start loads the map
     msg = str(e.value)
     assert "record map" in msg
     assert cache in msg and "index_cache=False" in msg   # what to do
     assert "\n" not in msg
     if damage != "short":
         assert "record %d" % rec in msg and "page %d" % pg in msg
+    # an unshuffled start never loads it; read() does, and says the same
+    with lmdbio.Reader(path) as r:
+        assert r.index_from_cache
+        assert sum(len(b) for b in r) == r.total_records
+        with pytest.raises(lmdbio.CorruptedError, match="record map"):
+            r.read([rec])
 
 
 def test_overlapping_map_entries_fail_at_read(tmp_path):
@@ -530,3 +536,37 @@ def test_collective_executor_runs_once_per_step_with_the_map(tmp_path):
         f.close()
         g.close()
         ex.close()
+
+
+def test_map_is_loaded_only_by_a_start_that_reads_with_it(tmp_path):
+    """A later start in key order (or a shard) checks the index part of the
+    cache file only: the map (8 bytes a record) is loaded and checked by a
+    shuffled start or the first read(); a map whose bytes no longer match
+    their own checksum is a clear error there, never a silent misread."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = scattered(path)
+    with lmdbio.Reader(path) as r:
+        m = r._file.index_recmap()
+        assert m is not None                  # built with the index
+    with lmdbio.Reader(path) as r:
+        assert r.index_from_cache
+        assert r._file.index_recmap() is None   # not loaded
+        idx = [5, 77, 3]
+        assert r.read(idx).values.tolist() == [items[i][1] for i in idx]
+        assert np.array_equal(r._file.index_recmap(), m)
+    with lmdbio.Reader(path, shuffle=True) as r:
+        assert np.array_equal(r._file.index_recmap(), m)
+    (cache,) = cache_files(tmp_path)
+    arr = np.load(cache)
+    arr[-1] ^= np.uint64(1 << 40)            # the map's last entry: no new digest
+    np.save(cache, arr, allow_pickle=False)
+    with lmdbio.Reader(path) as r:           # in key order: unaffected
+        assert r.index_from_cache
+        got = [v for b in r for v in b.values.tolist()]
+        assert got == [v for _, v in items]
+        with pytest.raises(lmdbio.CorruptedError, match="checksum") as e:
+            r.read([0])
+        assert cache in str(e.value) and "index_cache=False" in str(e.value)
+    with pytest.raises(lmdbio.CorruptedError, match="checksum"):
+        lmdbio.Reader(path, shuffle=True)

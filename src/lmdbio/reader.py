@@ -25,7 +25,7 @@ from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
 _INDEX_MAGIC = 0x6C6D6462696F6978  # "lmdbioix"
-_INDEX_VERSION = 4  # 3: CRC-32 digest; 4: the record map
+_INDEX_VERSION = 5  # 3: CRC-32 digest; 4: the record map; 5: its own digest
 _log = logging.getLogger('lmdbio')
 # A window's bytes at most (leaves, values, keys): windows of a few MiB stay
 # in the CPU's cache between the read and the copy into the batches, and a
@@ -152,10 +152,13 @@ def _save_index(path, head, leaves, first, recmap=None):
     rebuild)."""
     if recmap is None:
         recmap = np.empty(0, dtype=np.uint64)
-    body = np.concatenate([leaves, first, recmap]).astype(np.uint64)
+    index = np.concatenate([leaves, first]).astype(np.uint64)
+    recmap = np.ascontiguousarray(recmap, dtype=np.uint64)
+    # Two digests: a start that needs no map (an unshuffled epoch, a
+    # shard) checks only the index part.
     blob = np.concatenate([head, np.array([len(leaves), len(recmap),
-                                           _digest(body)],
-                                          dtype=np.uint64), body])
+                                           _digest(index), _digest(recmap)],
+                                          dtype=np.uint64), index, recmap])
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = '%s.%d.tmp' % (path, os.getpid())
@@ -506,6 +509,7 @@ class Reader:
         self.path = paths[0] if len(paths) == 1 else paths
         self._io_lock = threading.Lock()  # lane 0: iteration and read()
         self._lane_locks = (self._io_lock, threading.Lock())
+        self._recmap_pending = None  # a cached record map not yet loaded
         self._workers = []
         self._env = self._txn = None
         self._file = None
@@ -598,6 +602,8 @@ class Reader:
         self._parts = []
         for p in self.paths:
             self._parts.append(Reader(p, **kw))
+            if self.shuffle:   # shuffled windows read with the record map
+                self._parts[-1]._adopt_recmap()
         self._file = _Parts(self._parts)
 
     def _collective(self, fn, *args):
@@ -722,15 +728,17 @@ class Reader:
                 return None
             h = len(head)
             if arr.dtype != np.uint64 or arr.ndim != 1 or \
-                    len(arr) < h + 3 or not np.array_equal(arr[:h], head):
+                    len(arr) < h + 4 or not np.array_equal(arr[:h], head):
                 return None
             n, m = int(arr[h]), int(arr[h + 1])
-            body = arr[h + 3:]
-            if len(body) != 2 * n + 1 + m or arr[h + 2] != _digest(body):
+            body = arr[h + 4:]
+            if len(body) != 2 * n + 1 + m or \
+                    arr[h + 2] != _digest(body[:2 * n + 1]):
                 return None
-            # the map is checked entry by entry when it is adopted
-            return body[:n], body[n:2 * n + 1], \
-                (body[2 * n + 1:] if m else None)
+            # The map: its digest and every entry are checked when it is
+            # adopted (_adopt_recmap), by a start that reads with it.
+            recmap = (body[2 * n + 1:], arr[h + 3], path) if m else None
+            return body[:n], body[n:2 * n + 1], recmap
 
         def save(leaves, first, recmap=None, path=path):
             if use_cache:
@@ -738,8 +746,16 @@ class Reader:
 
         if self._coll is not None:
             from lmdbio.mpi import cooperative_index
+
+            def load_with_map():   # rank 0's copy is broadcast, map and all
+                got = load()
+                if got is None or got[2] is None:
+                    return got
+                self._recmap_pending = got[2]
+                return got[0], got[1], self._checked_recmap()
+
             self.index_from_cache = cooperative_index(self._coll, self._file,
-                                                      load, save)
+                                                      load_with_map, save)
             return
         cached = load()
         if cached is not None:
@@ -748,17 +764,12 @@ class Reader:
             except Error:
                 pass  # inconsistent with the snapshot: rebuild
             else:
-                # A damaged record map fails here (CorruptedError naming
-                # its record and page), not silently rebuilt: the cache
-                # passed its digest, so something wrote it wrong.
-                if cached[2] is not None:
-                    try:
-                        self._file.set_recmap(cached[2])
-                    except CorruptedError as e:
-                        raise make_error(
-                            '%s; the cached index %s is damaged: delete it, '
-                            'or open with index_cache=False' % (e.what, path),
-                            e.code) from None
+                # The record map serves shuffled windows and read(): a
+                # Reader that iterates in order never loads it (8 bytes a
+                # record to check would cost its open).
+                self._recmap_pending = cached[2]
+                if self.shuffle:
+                    self._adopt_recmap()
                 self.index_from_cache = True
                 return
         if part is not None:
@@ -777,6 +788,33 @@ class Reader:
             return
         self._file.build_index()
         save(*self._file.index_arrays(), self._file.index_recmap())
+
+    def _adopt_recmap(self):
+        """Give the index the record map its cache file holds (once).  A
+        damaged map fails here (CorruptedError naming its record and page),
+        not silently rebuilt: the cache passed its digest, or the digest
+        of the map itself fails, so something wrote it wrong."""
+        if self._recmap_pending is None or self._file is None:
+            return
+        path = self._recmap_pending[2]
+        recmap = self._checked_recmap()
+        with self._lane_locks[0], self._lane_locks[1]:
+            try:
+                self._file.set_recmap(recmap)
+            except CorruptedError as e:
+                raise make_error('%s; the cached index %s is damaged: delete '
+                                 'it, or open with index_cache=False'
+                                 % (e.what, path), e.code) from None
+
+    def _checked_recmap(self):
+        """The pending record map (taken: once), its digest checked."""
+        (recmap, digest, path), self._recmap_pending = \
+            self._recmap_pending, None
+        if _digest(recmap) != digest:
+            raise CorruptedError('the record map of the cached index %s does '
+                                 'not match its checksum: delete it, or open '
+                                 'with index_cache=False' % path)
+        return recmap
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
@@ -1143,6 +1181,9 @@ class Reader:
             if self._file is not None and self._parts is None and \
                     self._coll is None:
                 self._index_all(least, most)
+            for r in (self._parts if self._parts is not None else [self]):
+                if r._recmap_pending is not None:
+                    r._adopt_recmap()
         return self._read(indices)
 
     def __iter__(self):
