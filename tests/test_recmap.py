@@ -570,3 +570,25 @@ def test_map_is_loaded_only_by_a_start_that_reads_with_it(tmp_path):
         assert cache in str(e.value) and "index_cache=False" in str(e.value)
     with pytest.raises(lmdbio.CorruptedError, match="checksum"):
         lmdbio.Reader(path, shuffle=True)
+
+
+def test_open_reads_only_the_index_part_of_the_cache(tmp_path):
+    """The map's bytes stay on disk at open: a cache file whose map was cut
+    off still serves an unshuffled start from the cache, and read() then
+    goes through the leaves (the map only makes reads cheaper)."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = scattered(path)
+    with lmdbio.Reader(path) as r:
+        assert r._file.index_recmap() is not None
+    (cache,) = cache_files(tmp_path)
+    size = os.path.getsize(cache)
+    with open(cache, "r+b") as f:
+        f.truncate(size - 8 * 100)           # the last 100 map entries
+    with lmdbio.Reader(path) as r:
+        assert r.index_from_cache
+        got = [v for b in r for v in b.values.tolist()]
+        assert got == [v for _, v in items]
+        idx = [9, 1, 400]
+        assert r.read(idx).values.tolist() == [items[i][1] for i in idx]
+        assert r._file.index_recmap() is None   # no map: the leaf path

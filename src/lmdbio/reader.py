@@ -169,6 +169,55 @@ def _save_index(path, head, leaves, first, recmap=None):
         pass
 
 
+def _load_index_file(path, head):
+    """(leaves, first, map) from a cache file that _save_index wrote for
+    this snapshot (`head`), or None.  Only the index part is read and
+    checked; `map` is None or (offset, entries, digest, path) for
+    _read_recmap: its 8 bytes a record stay on disk until a start reads
+    with them."""
+    u64 = np.dtype(np.uint64)
+    with open(path, 'rb') as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            return None
+        h = len(head)
+        if dtype != u64 or fortran or len(shape) != 1 or shape[0] < h + 4:
+            return None
+        fixed = np.fromfile(f, dtype=u64, count=h + 4)
+        if len(fixed) != h + 4 or not np.array_equal(fixed[:h], head):
+            return None
+        n, m = int(fixed[h]), int(fixed[h + 1])
+        if shape[0] != h + 4 + 2 * n + 1 + m:
+            return None
+        index = np.fromfile(f, dtype=u64, count=2 * n + 1)
+        if len(index) != 2 * n + 1 or fixed[h + 2] != _digest(index):
+            return None
+        recmap = (f.tell(), m, fixed[h + 3], path) if m else None
+    return index[:n], index[n:], recmap
+
+
+def _read_recmap(pending):
+    """The record map a cache file holds (pending: from _load_index_file),
+    its checksum checked; None if the file no longer holds it (the map only
+    makes reads cheaper: the leaves serve without it)."""
+    offset, m, digest, path = pending
+    try:
+        recmap = np.fromfile(path, dtype=np.uint64, count=m, offset=offset)
+    except (OSError, ValueError):
+        return None
+    if len(recmap) != m:
+        return None
+    if _digest(recmap) != digest:
+        raise CorruptedError('the record map of the cached index %s does '
+                             'not match its checksum: delete it, or open '
+                             'with index_cache=False' % path)
+    return recmap
+
+
 def _split(arrays, counts):
     """Per-part (kdata, koff, vdata, voff) of a concatenated batch."""
     kdata, koff, vdata, voff = arrays
@@ -723,22 +772,9 @@ class Reader:
             if not use_cache:
                 return None
             try:
-                arr = np.load(path, allow_pickle=False)
+                return _load_index_file(path, head)
             except Exception:  # missing, truncated, not an .npy: rebuild
                 return None
-            h = len(head)
-            if arr.dtype != np.uint64 or arr.ndim != 1 or \
-                    len(arr) < h + 4 or not np.array_equal(arr[:h], head):
-                return None
-            n, m = int(arr[h]), int(arr[h + 1])
-            body = arr[h + 4:]
-            if len(body) != 2 * n + 1 + m or \
-                    arr[h + 2] != _digest(body[:2 * n + 1]):
-                return None
-            # The map: its digest and every entry are checked when it is
-            # adopted (_adopt_recmap), by a start that reads with it.
-            recmap = (body[2 * n + 1:], arr[h + 3], path) if m else None
-            return body[:n], body[n:2 * n + 1], recmap
 
         def save(leaves, first, recmap=None, path=path):
             if use_cache:
@@ -796,8 +832,10 @@ class Reader:
         of the map itself fails, so something wrote it wrong."""
         if self._recmap_pending is None or self._file is None:
             return
-        path = self._recmap_pending[2]
+        path = self._recmap_pending[3]
         recmap = self._checked_recmap()
+        if recmap is None:
+            return
         with self._lane_locks[0], self._lane_locks[1]:
             try:
                 self._file.set_recmap(recmap)
@@ -807,14 +845,10 @@ class Reader:
                                  % (e.what, path), e.code) from None
 
     def _checked_recmap(self):
-        """The pending record map (taken: once), its digest checked."""
-        (recmap, digest, path), self._recmap_pending = \
-            self._recmap_pending, None
-        if _digest(recmap) != digest:
-            raise CorruptedError('the record map of the cached index %s does '
-                                 'not match its checksum: delete it, or open '
-                                 'with index_cache=False' % path)
-        return recmap
+        """The pending record map (taken: once), its checksum checked, or
+        None if its file no longer holds it."""
+        pending, self._recmap_pending = self._recmap_pending, None
+        return _read_recmap(pending)
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
