@@ -200,6 +200,9 @@ def _load_index_file(path, head):
     return index[:n], index[n:], recmap
 
 
+_CACHE_FIX = 'delete it, or open with index_cache=False'
+
+
 def _read_recmap(pending):
     """The record map a cache file holds (pending: from _load_index_file),
     its checksum checked; None if the file no longer holds it (the map only
@@ -213,8 +216,7 @@ def _read_recmap(pending):
         return None
     if _digest(recmap) != digest:
         raise CorruptedError('the record map of the cached index %s does '
-                             'not match its checksum: delete it, or open '
-                             'with index_cache=False' % path)
+                             'not match its checksum: %s' % (path, _CACHE_FIX))
     return recmap
 
 
@@ -787,8 +789,7 @@ class Reader:
                 got = load()
                 if got is None or got[2] is None:
                     return got
-                self._recmap_pending = got[2]
-                return got[0], got[1], self._checked_recmap()
+                return got[0], got[1], _read_recmap(got[2])
 
             self.index_from_cache = cooperative_index(self._coll, self._file,
                                                       load_with_map, save)
@@ -832,23 +833,17 @@ class Reader:
         of the map itself fails, so something wrote it wrong."""
         if self._recmap_pending is None or self._file is None:
             return
-        path = self._recmap_pending[3]
-        recmap = self._checked_recmap()
+        pending, self._recmap_pending = self._recmap_pending, None
+        recmap = _read_recmap(pending)
         if recmap is None:
             return
         with self._lane_locks[0], self._lane_locks[1]:
             try:
                 self._file.set_recmap(recmap)
             except CorruptedError as e:
-                raise make_error('%s; the cached index %s is damaged: delete '
-                                 'it, or open with index_cache=False'
-                                 % (e.what, path), e.code) from None
-
-    def _checked_recmap(self):
-        """The pending record map (taken: once), its checksum checked, or
-        None if its file no longer holds it."""
-        pending, self._recmap_pending = self._recmap_pending, None
-        return _read_recmap(pending)
+                raise make_error('%s; the cached index %s is damaged: %s'
+                                 % (e.what, pending[3], _CACHE_FIX),
+                                 e.code) from None
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
@@ -1216,8 +1211,7 @@ class Reader:
                     self._coll is None:
                 self._index_all(least, most)
             for r in (self._parts if self._parts is not None else [self]):
-                if r._recmap_pending is not None:
-                    r._adopt_recmap()
+                r._adopt_recmap()   # once: a no-op after the first
         return self._read(indices)
 
     def __iter__(self):
