@@ -51,6 +51,8 @@ struct lio_cursor {
                                   * lio_cursor_value_into (its run's first
                                   * page), or 0 */
     uint32_t pend_size;
+    uint8_t *gapbuf;             /* lio_cursor_values_into's scratch */
+    size_t gapcap;
     int walk;                    /* the current op starts or continues a
                                   * walk forward (1), backward (-1), or
                                   * seeks (0) */
@@ -447,7 +449,10 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
                         (unsigned long long)cur->snap.last_pg);
     lio_page_unpin(env, cur->ov_pin);
     cur->ov_pin = NULL;
-    if (need == 1 && (cur->ov_pin = one_page_value(c, pgno))) {
+    /* (a walk that defers values reads them in batches of its own,
+     * lio_cursor_values_into: one copy, not two through the cache) */
+    if (need == 1 && !(lazy && cur->defer && cur->walk > 0) &&
+        (cur->ov_pin = one_page_value(c, pgno))) {
         p = cur->ov_pin->data;
     } else if (lazy && cur->defer && size) {
         advise_runs(c);
@@ -1084,8 +1089,35 @@ int lio_cursor_step(lio_cursor *cur, lio_val *key, lio_val *data, int forward)
         (nd_flags(pg_node(p, ki)) & F_DUPDATA))
         return 0;
     nd = pg_node(p, to);
-    if (nd_flags(nd) & (F_DUPDATA | F_BIGDATA))
+    if (nd_flags(nd) & F_DUPDATA)
         return 0;
+    if (nd_flags(nd) & F_BIGDATA) {
+        /* What read_overflow does for a walk that defers values, when the
+         * run passes the checks that need no read; the rest (and every
+         * error) is lio_cursor_get's. */
+        uint64_t pgno = ld64(nd_data(nd)), need;
+        uint32_t size = nd_dsize(nd);
+        if (!cur->defer || !forward || c->subpage || cur->ov_pin || !size)
+            return 0;
+        need = (PAGEHDRSZ + (uint64_t)size + cur->env->psize - 1) /
+               cur->env->psize;
+        if (pgno < 2 || pgno > cur->snap.last_pg ||
+            need > cur->snap.last_pg - pgno + 1)
+            return 0;
+        x_reset(c);
+        c->ki[c->top] = to;
+        cur->err.code = 0;
+        cur->walk = 1;
+        cur->ov_pgno = 0;
+        advise_runs(c);
+        cur->pend_pgno = pgno;
+        cur->pend_size = size;
+        key->size = nd_ksize(nd);
+        key->data = nd_key(nd);
+        data->size = size;
+        data->data = NULL;
+        return 1;
+    }
     x_reset(c);
     c->ki[c->top] = to;
     cur->err.code = 0;
@@ -1186,6 +1218,126 @@ int lio_cursor_value_into(lio_cursor *cur, void *dst)
     return check_run(cur, hdr, pgno, cur->pend_size);
 }
 
+uint64_t lio_cursor_pending(const lio_cursor *cur, uint32_t *size)
+{
+    *size = cur->pend_size;
+    return cur->pend_pgno;
+}
+
+/* A batch's runs may have this many pages between them (leaf and branch
+ * pages that an appending writer put between values): read and dropped,
+ * cheaper than a request of their own. */
+#define BATCH_GAP_PAGES 8
+
+size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
+                              size_t max, size_t max_bytes)
+{
+    tcursor *c = &cur->mc;
+    const uint8_t *p;
+    uint64_t psize = cur->env->psize, end, first;
+    unsigned n, i;
+    size_t m = 0;
+    if (!cur->pend_pgno || !max)
+        return 0;
+    runs[m].pgno = cur->pend_pgno;
+    runs[m++].size = cur->pend_size;
+    if (max > LIO_VALUES_MAX)
+        max = LIO_VALUES_MAX;
+    if (cur->walk <= 0 || c->subpage || !c->snum ||
+        cur->pend_size > LIO_BATCH_VALUE_MAX)
+        return m;
+    p = top_page(c);
+    if (!(pg_flags(p) & P_LEAF) || is_leaf2(p))
+        return m;
+    n = pg_numkeys(p);
+    i = c->ki[c->top];
+    first = cur->pend_pgno;
+    end = cur->pend_pgno + (PAGEHDRSZ + cur->pend_size + psize - 1) / psize;
+    /* The node the cursor is on must be the pending value's. */
+    if (i >= n || !(nd_flags(pg_node(p, i)) & F_BIGDATA) ||
+        ld64(nd_data(pg_node(p, i))) != cur->pend_pgno)
+        return m;
+    while (m < max && ++i < n) {
+        const uint8_t *nd = pg_node(p, i);
+        uint64_t pgno, need;
+        uint32_t size;
+        if (!(nd_flags(nd) & F_BIGDATA))
+            continue;   /* in the leaf: no read */
+        pgno = ld64(nd_data(nd));
+        size = nd_dsize(nd);
+        need = (PAGEHDRSZ + (uint64_t)size + psize - 1) / psize;
+        /* in order, close behind, within the snapshot, and the span */
+        if (!size || size > LIO_BATCH_VALUE_MAX || pgno < end ||
+            pgno - end > BATCH_GAP_PAGES || pgno > cur->snap.last_pg ||
+            need > cur->snap.last_pg - pgno + 1 ||
+            (pgno + need - first) * psize > max_bytes)
+            break;
+        runs[m].pgno = pgno;
+        runs[m++].size = size;
+        end = pgno + need;
+    }
+    return m;
+}
+
+int lio_cursor_values_into(lio_cursor *cur, const lio_value_run *runs,
+                           size_t n, void *const *dsts, size_t *good)
+{
+    uint64_t psize = cur->env->psize, pos;
+    uint8_t hdrs[LIO_VALUES_MAX][PAGEHDRSZ];
+    lio_seg segs[LIO_READV_MAX];
+    size_t nseg = 0, gap_most = 0;
+    int rc;
+    *good = 0;
+    cur->err.code = 0;
+    if (n == 0 || n > LIO_VALUES_MAX)
+        return lio_fail(&cur->err, LIO_EINVAL, LIO_NO_PAGE,
+                        "a batch of %zu values", n);
+    /* gaps (the end of a run's last page and the pages up to the next
+     * run) go to one scratch buffer, overwritten */
+    for (size_t i = 1; i < n; i++) {
+        uint64_t from = runs[i - 1].pgno * psize + PAGEHDRSZ +
+                        runs[i - 1].size;
+        if (runs[i].pgno * psize < from)
+            return lio_fail(&cur->err, LIO_EINVAL, runs[i].pgno,
+                            "page %llu: batched runs out of order",
+                            (unsigned long long)runs[i].pgno);
+        if (runs[i].pgno * psize - from > gap_most)
+            gap_most = runs[i].pgno * psize - from;
+    }
+    if (gap_most > cur->gapcap) {
+        uint8_t *b = realloc(cur->gapbuf, gap_most);
+        if (!b)
+            return lio_fail(&cur->err, LIO_ENOMEM, runs[0].pgno,
+                            "out of memory");
+        cur->gapbuf = b;
+        cur->gapcap = gap_most;
+    }
+    pos = runs[0].pgno * psize;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t at = runs[i].pgno * psize;
+        if (at > pos) {
+            segs[nseg].dst = cur->gapbuf;
+            segs[nseg++].len = (size_t)(at - pos);
+        }
+        segs[nseg].dst = hdrs[i];
+        segs[nseg++].len = PAGEHDRSZ;
+        segs[nseg].dst = dsts[i];
+        segs[nseg++].len = runs[i].size;
+        pos = at + PAGEHDRSZ + runs[i].size;
+    }
+    if ((rc = lio_read_segs(cur->env, runs[0].pgno * psize, segs, nseg,
+                            runs[0].pgno, &cur->err)))
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (check_run(cur, hdrs[i], runs[i].pgno, runs[i].size)) {
+            cur->err.code = 0;   /* raised when the cursor gets there */
+            break;
+        }
+        *good = i + 1;
+    }
+    return LIO_SUCCESS;
+}
+
 static void tcursor_init(tcursor *c, lio_cursor *cur, const lio_dbrec *db,
                          int cmp, tcursor *x)
 {
@@ -1231,6 +1383,7 @@ void lio_cursor_close(lio_cursor *cur)
     release_levels(&cur->mx, 0);
     lio_page_unpin(cur->env, cur->ov_pin);
     free(cur->ovbuf);
+    free(cur->gapbuf);
     free(cur);
 }
 

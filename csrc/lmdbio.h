@@ -73,7 +73,7 @@ typedef struct lio_seg {
 } lio_seg;
 
 /* The most segments a source's readv is given at once. */
-#define LIO_READV_MAX 16
+#define LIO_READV_MAX 256
 
 /* Where bytes come from. */
 typedef struct lio_source {
@@ -210,13 +210,44 @@ void lio_cursor_defer_values(lio_cursor *c, int on);
  * check the header.  0, or an error (lio_cursor_error); LIO_EINVAL when
  * no value was left.  Each call reads again. */
 int lio_cursor_value_into(lio_cursor *c, void *dst);
+/* The value left unread last (lio_cursor_defer_values): its run's first
+ * page and its size; 0 when none is waiting. */
+uint64_t lio_cursor_pending(const lio_cursor *c, uint32_t *size);
+
+/* A value in an overflow run: the run's first page and the value's size. */
+typedef struct lio_value_run {
+    uint64_t pgno;
+    uint32_t size;
+} lio_value_run;
+/* The most values lio_cursor_values_into reads in one request (each needs
+ * up to three segments: the gap before its run, its header, the value). */
+#define LIO_VALUES_MAX ((LIO_READV_MAX + 1) / 3)
+/* A batch of values for a forward walk: the value left unread, then those
+ * of the next nodes of its leaf whose runs follow in the file (each at
+ * most a few pages after the last), up to `max` values (<=
+ * LIO_VALUES_MAX) whose runs span at most max_bytes, each value at most
+ * LIO_BATCH_VALUE_MAX bytes.  Fills runs[] in walk order (which is file
+ * order); returns their number: 0 when no value is waiting, 1 when only
+ * that one qualifies (read it with lio_cursor_value_into). */
+#define LIO_BATCH_VALUE_MAX (16u << 10)
+size_t lio_cursor_plan_values(lio_cursor *c, lio_value_run *runs, size_t max,
+                              size_t max_bytes);
+/* Read the planned values runs[0..n) into dsts[i] (runs[i].size bytes
+ * each) in one request, the runs' headers beside them, and check each
+ * header.  *good: how many values from the first on passed (a damaged
+ * header stops there: its value is left to lio_cursor_value_into, which
+ * raises then, when the cursor gets there).  0, or an error
+ * (lio_cursor_error) when the read failed. */
+int lio_cursor_values_into(lio_cursor *c, const lio_value_run *runs,
+                           size_t n, void *const *dsts, size_t *good);
 
 /* Number of duplicates of the current key (1 without DUPSORT). */
 int lio_cursor_count(lio_cursor *c, uint64_t *count);
 const lio_error *lio_cursor_error(const lio_cursor *c);
 
 /* The common step of a scan without locks or reads: NEXT (forward) or
- * PREV to a neighbour in the current leaf whose value is in the page.
+ * PREV to a neighbour in the current leaf whose value is in the page (or,
+ * when the cursor defers values, in an overflow run: left unread).
  * 1 with key/data set; 0 (nothing changed) when lio_cursor_get must do
  * it.  Either way the result is what lio_cursor_get(NEXT / PREV) gives. */
 int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data, int forward);

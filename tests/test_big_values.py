@@ -518,3 +518,136 @@ def test_value_objects_over_32_mib_are_not_kept(tmp_path):
                 tracemalloc.stop()
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------------
+# a forward walk reads small values in batches
+
+
+SMALL_RUNS = st.one_of(st.integers(2100, PS - HDR),            # one page
+                       st.integers(PS - HDR + 1, 4 * PS),       # a few
+                       st.sampled_from(BOUNDARY[:4]),
+                       st.integers(0, 700),                     # in the leaf
+                       st.integers(5 * PS, 9 * PS))             # too big
+
+
+def test_batched_values_equal_pylmdb_and_the_one_at_a_time_path(tmp_path):
+    """Values of up to 16 KiB that a forward walk meets are read several
+    per request: any insertion order (runs in key order, or not), values
+    skipped, buffers or not, every cursor configuration, equal to py-lmdb
+    and to the reference path that reads one value at a time."""
+    count = [0]
+
+    @settings(max_examples=40, deadline=None)
+    @given(sizes=st.lists(SMALL_RUNS, min_size=1, max_size=300),
+           shuffled=st.booleans(), every=st.integers(1, 4),
+           buffers=st.booleans(), seed=st.integers(0, 9))
+    def inner(sizes, shuffled, every, buffers, seed):
+        count[0] += 1
+        path = str(tmp_path / ("b%d" % count[0]))
+        items = [(key_of(i), value_of(i, s)) for i, s in enumerate(sizes)]
+        put = list(items)
+        if shuffled:
+            random.Random(seed).shuffle(put)
+        write_items(path, put, name=b"t")
+
+        def walk(env):
+            # every value of a scan, then every `every`-th of a keys-only
+            # walk (values skipped in between), then a backward scan
+            db = env.open_db(b"t")
+            with env.begin(db=db, buffers=buffers) as txn:
+                got = [norm(kv) for kv in txn.cursor()]
+                cur = txn.cursor()
+                some, i, more = [], 0, cur.first()
+                while more:
+                    if i % every == 0:
+                        some.append(norm(cur.value()))
+                    i += 1
+                    more = cur.next()
+                back = [norm(kv) for kv in txn.cursor().iterprev()]
+            return got, some, back
+
+        want = (items, [v for i, (_k, v) in enumerate(items) if i % every == 0],
+                items[::-1])
+        ref = lmdb.open(path, readonly=True, lock=False, max_dbs=4)
+        try:
+            assert walk(ref) == want
+        finally:
+            ref.close()
+        for cfg in configs(path):
+            env = open_sub(path, cfg)
+            try:
+                assert walk(env) == want, cfg[0]
+            finally:
+                env.close()
+    inner()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"),
+                    reason="counts reads with /proc/self/io (Linux)")
+@pytest.mark.parametrize("size", [PS - HDR - 900, 2 * PS, 3 * PS - HDR])
+def test_a_walk_reads_small_values_many_per_request(tmp_path, size):
+    """300 values of one to three pages in key order: a scan reads them
+    in a handful of requests (read-ahead off: nothing else batches them),
+    where the reference path makes one per value."""
+    own = _own_reads()
+    path = str(tmp_path)
+    items = make(path, [size] * 300)
+
+    def scan(cfg):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                before = read_syscalls()
+                got = list(txn.cursor())
+                return got, read_syscalls() - before - own
+        finally:
+            env.close()
+
+    got, batched = scan(("batched", {}, {"readahead": False}))
+    assert got == items
+    ref, single = scan(("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
+                        {"readahead": False}))
+    assert ref == items
+    assert single >= 300
+    # a request per leaf and per 85 of its values, the root, and the two
+    # meta pages (lock=False: the snapshot is checked at the end of a scan)
+    leaves = LmdbFile(path).leaves("t")
+    assert 2 <= len(leaves) <= 4
+    assert batched <= sum(1 + -(-len(p.nodes) // 85) for p in leaves) + 3
+
+
+@pytest.mark.parametrize("field", [dict(pgno_field=1), dict(flags=0x02),
+                                   dict(pages=0)],
+                         ids=["page-number", "flags", "no-pages"])
+def test_a_damaged_run_in_a_batch_raises_when_the_walk_gets_there(
+        tmp_path, field):
+    """A damaged header read ahead in a batch raises nothing until the
+    walk reaches its value; every value before it comes out whole, and
+    the error is the reference path's, message included."""
+    path = str(tmp_path)
+    items = make(path, [3000] * 40)
+    f = LmdbFile(path)
+    runs = sorted(struct.unpack_from("<Q", f.buf, nd.data_offset)[0]
+                  for nd in f.bigdata_nodes("t"))
+    patch_page_header(f.path, runs[17], f.psize, **field)
+
+    def scan(cfg):
+        env = open_sub(path, cfg)
+        got = []
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                try:
+                    for kv in txn.cursor():
+                        got.append(kv)
+                except lmdbio.Error as e:
+                    return got, (type(e).__name__, str(e))
+                return got, None
+        finally:
+            env.close()
+
+    got, err = scan(("batched", {}, {"readahead": False}))
+    assert got == items[:17]
+    assert err is not None and "page %d" % runs[17] in err[1], err
+    assert scan(("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
+                 {"readahead": False})) == (got, err)

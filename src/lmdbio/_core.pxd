@@ -123,6 +123,15 @@ cdef extern from "lmdbio.h" nogil:
     int lio_cursor_in_page(const lio_cursor *c, const lio_val *v)
     void lio_cursor_defer_values(lio_cursor *c, int on)
     int lio_cursor_value_into(lio_cursor *c, void *dst)
+    uint64_t lio_cursor_pending(const lio_cursor *c, uint32_t *size)
+    ctypedef struct lio_value_run:
+        uint64_t pgno
+        uint32_t size
+    enum: LIO_VALUES_MAX
+    size_t lio_cursor_plan_values(lio_cursor *c, lio_value_run *runs,
+                                  size_t max, size_t max_bytes)
+    int lio_cursor_values_into(lio_cursor *c, const lio_value_run *runs,
+                               size_t n, void *const *dsts, size_t *good)
 
     ctypedef struct lio_posix:
         pass

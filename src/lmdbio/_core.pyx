@@ -229,6 +229,7 @@ cdef extern from *:
 
 cdef enum:
     _KEEP_MAX = 32 << 20     # largest value object a _Values keeps
+    _AHEAD_BYTES = 1 << 20   # most file bytes a walk's batch of values spans
 
 
 @cython.final
@@ -1808,6 +1809,11 @@ cdef class Cursor:
     cdef lio_val _val
     cdef object _vobj          # the value read into its own bytes (_fill)
     cdef _Values _values       # objects of the overflow values
+    # A forward walk's values read in one request with the one asked for
+    # (lio_cursor_plan_values): their runs, and their objects until taken.
+    cdef lio_value_run _runs[LIO_VALUES_MAX]
+    cdef list _ahead
+    cdef Py_ssize_t _ahead_i, _ahead_n
     cdef object _kref          # inputs the core may still point at
     cdef object _vref
     cdef object __weakref__
@@ -1861,6 +1867,8 @@ cdef class Cursor:
         self._val.size = 0
         self._vobj = None
         self._values = None
+        self._ahead = None
+        self._ahead_n = 0
 
     def __dealloc__(self):
         if self._c != NULL and self.txn is not None:
@@ -1949,12 +1957,55 @@ cdef class Cursor:
 
     cdef int _fill(self) except -1:
         """Read the value the core left unread (an overflow run) into its
-        own bytes object, once per position; _val then points into it."""
+        own bytes object, once per position; _val then points into it.
+        A forward walk reads the values of the next nodes in the same
+        request when their runs follow in the file (small values: one
+        request per batch, not one per value); they wait in _ahead."""
+        cdef uint32_t size
+        cdef uint64_t pgno = lio_cursor_pending(self._c, &size)
+        cdef Py_ssize_t i = self._ahead_i
+        cdef size_t n, good = 0
+        cdef void *dsts[LIO_VALUES_MAX]
+        cdef int rc
+        cdef list objs
+        while i < self._ahead_n:
+            o = self._ahead[i]
+            self._ahead[i] = None
+            i += 1
+            if self._runs[i - 1].pgno == pgno and self._runs[i - 1].size == size:
+                self._ahead_i = i
+                return self._took(o)
+        self._ahead = None
+        self._ahead_i = self._ahead_n = 0
+        # (LMDBIO_CURSOR_FASTPATH=0, the reference path: one at a time)
+        n = lio_cursor_plan_values(self._c, self._runs, LIO_VALUES_MAX,
+                                   _AHEAD_BYTES) if self._fast else 0
+        if n > 1:
+            objs = [None] * n
+            for i in range(<Py_ssize_t>n):
+                o = PyBytes_FromStringAndSize(NULL, self._runs[i].size)
+                objs[i] = o
+                dsts[i] = PyBytes_AS_STRING(o)
+            with nogil:
+                rc = lio_cursor_values_into(self._c, self._runs, n, dsts,
+                                            &good)
+            if rc == 0 and good > 0:
+                o = objs[0]
+                objs[0] = None
+                self._ahead = objs
+                self._ahead_i = 1
+                self._ahead_n = <Py_ssize_t>good
+                return self._took(o)
+            # a damaged run or a failed read: the value asked for alone,
+            # which raises if it is the broken one
         if self._values is None:
             self._values = _Values()
-        self._vobj = _value_into(self._c, self._val.size, self._values,
-                                 self.txn, 'mdb_cursor_get')
-        self._val.data = <const uint8_t *>PyBytes_AS_STRING(self._vobj)
+        return self._took(_value_into(self._c, self._val.size, self._values,
+                                      self.txn, 'mdb_cursor_get'))
+
+    cdef inline int _took(self, object o) except -1:
+        self._vobj = o
+        self._val.data = <const uint8_t *>PyBytes_AS_STRING(o)
         return 0
 
     cdef inline object _k(self):
