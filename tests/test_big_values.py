@@ -651,3 +651,46 @@ def test_a_damaged_run_in_a_batch_raises_when_the_walk_gets_there(
     assert err is not None and "page %d" % runs[17] in err[1], err
     assert scan(("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
                  {"readahead": False})) == (got, err)
+
+
+def _io():
+    """(read system calls, bytes read) of this process so far."""
+    with open("/proc/self/io") as fh:
+        kv = dict(line.split(":") for line in fh)
+    return int(kv["syscr"]), int(kv["rchar"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"),
+                    reason="counts reads with /proc/self/io (Linux)")
+def test_random_gets_read_their_own_value_and_key_order_gets_batch(tmp_path):
+    """A lookup of a one-page value reads that value alone (it once read
+    the next values of the leaf with it, 17x slower than py-lmdb when the
+    file is larger than the cache); gets in key order still read several
+    values per request."""
+    path = str(tmp_path)
+    items = make(path, [3000] * 400)
+    keys = [k for k, _v in items]
+    shuffled = list(keys)
+    random.Random(5).shuffle(shuffled)
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4,
+                      cache_bytes=0)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            for k in keys[:3]:      # the branch and leaf pages, cached
+                txn.get(k)
+            own = _io()
+            own = tuple(b - a for a, b in zip(own, _io()))
+            before = _io()
+            got = [txn.get(k) for k in shuffled]
+            calls, nbytes = (b - a - o for a, b, o in
+                             zip(before, _io(), own))
+            assert got == [dict(items)[k] for k in shuffled]
+            # (a leaf read now and then: the cache holds 64 pages)
+            assert nbytes <= len(keys) * 2 * PS, nbytes / len(keys)
+            before = _io()
+            got = [txn.get(k) for k in keys]
+            calls = _io()[0] - before[0] - own[0]
+            assert got == [v for _k, v in items]
+            assert calls <= len(keys) // 4, calls
+    finally:
+        env.close()
