@@ -50,6 +50,8 @@ struct lio_bulk {
     size_t nleaves, leaves_cap;
     uint8_t *leafbuf;
     size_t leafbuf_pages;
+    const uint8_t **slotp;    /* each slot's leaf: in leafbuf or the index */
+    size_t leaves_read;       /* of them, read (not in the index) */
     /* records of the current batch */
     rec *recs;
     size_t nrecs, recs_cap;
@@ -176,7 +178,7 @@ void lio_bulk_new_pass(lio_bulk *b)
 
 uint64_t lio_bulk_leaf_bytes(const lio_bulk *b)
 {
-    return (uint64_t)b->nleaves * b->env->psize;
+    return (uint64_t)b->leaves_read * b->env->psize;
 }
 
 /* Ask for whole regions where the window's leaves (page numbers sorted,
@@ -290,6 +292,7 @@ void lio_bulk_close(lio_bulk *b)
     lio_plan_free(&b->plan);
     free(b->leaves);
     free(b->leafbuf);
+    free(b->slotp);
     free(b->recs);
     free(b->arena);
     free(b->ov_order);
@@ -301,21 +304,30 @@ void lio_bulk_close(lio_bulk *b)
     free(b);
 }
 
-/* Load the distinct leaves of the batch, in page order. */
+/* Load the distinct leaves of the batch, in page order: where the index
+ * holds the leaves (lio_index_load_leaves), point at them; read the rest. */
 static int load_leaves(lio_bulk *b)
 {
     lio_env *env = b->env;
     const lio_index *idx = b->idx;
     size_t *by_page;
     uint64_t *pages;
+    size_t nread = 0;
     int rc;
 
     if (b->nleaves > b->leafbuf_pages) {
         uint8_t *nb;
+        const uint8_t **np;
         if (posix_memalign((void **)&nb, 4096, b->nleaves * env->psize))
             return oom(b);
+        if (!(np = malloc(b->nleaves * sizeof *np))) {
+            free(nb);
+            return oom(b);
+        }
         free(b->leafbuf);
+        free(b->slotp);
         b->leafbuf = nb;
+        b->slotp = np;
         b->leafbuf_pages = b->nleaves;
     }
     /* Read order: by page number; buffer slot: by key order. */
@@ -351,7 +363,12 @@ static int load_leaves(lio_bulk *b)
     lio_plan_reset(&b->plan);
     for (size_t i = 0; i < b->nleaves; i++) {
         size_t slot = by_page[i];
-        uint64_t pg = idx->leaf_pgno[b->leaves[slot]];
+        uint64_t leaf = b->leaves[slot], pg = idx->leaf_pgno[leaf];
+        if (idx->leafmem && idx->leaf_ok[leaf]) {
+            b->slotp[slot] = idx->leafmem + leaf * env->psize;
+            continue;
+        }
+        b->slotp[slot] = b->leafbuf + slot * env->psize;
         if ((rc = lio_check_extent(env, pg * env->psize, env->psize, pg,
                                    &b->err)))
             goto out;
@@ -361,32 +378,24 @@ static int load_leaves(lio_bulk *b)
                           (unsigned long long)pg);
             goto out;
         }
+        pages[nread++] = pg;
     }
-    advise_regions(b, pages, b->nleaves);
-    if ((rc = run_plan(b)))
+    b->leaves_read = nread;
+    advise_regions(b, pages, nread);
+    if ((nread || b->collective) && (rc = run_plan(b)))
         goto out;
     for (size_t slot = 0; slot < b->nleaves; slot++) {
-        const uint8_t *p = b->leafbuf + slot * env->psize;
-        uint64_t leaf = b->leaves[slot], pg = idx->leaf_pgno[leaf];
-        uint64_t want = idx->first[leaf + 1] - idx->first[leaf], have;
-        if ((rc = lio_check_leaf_header(p, env->psize, pg, &b->err)) ||
-            (rc = lio_check_page(p, env->psize, pg, 0, &b->err)))
+        uint64_t leaf = b->leaves[slot];
+        if (b->slotp[slot] != b->leafbuf + slot * env->psize)
+            continue;   /* checked when the index loaded it */
+        if ((rc = lio_check_index_leaf(b->slotp[slot], env->psize,
+                                       idx->leaf_pgno[leaf],
+                                       idx->first[leaf + 1] -
+                                       idx->first[leaf], b->dupsort,
+                                       &b->err)))
             goto out;
-        if (b->dupsort) {
-            if ((rc = lio_leaf_dup_records(p, env->psize, pg, &have, &b->err)))
-                goto out;
-        } else {
-            have = pg_numkeys(p);
-        }
-        if (have != want) {
-            rc = lio_fail(&b->err, LIO_CORRUPTED, pg,
-                          "page %llu holds %llu records where the index says "
-                          "%llu (a stale index, or the file changed)",
-                          (unsigned long long)pg, (unsigned long long)have,
-                          (unsigned long long)want);
-            goto out;
-        }
     }
+    rc = LIO_SUCCESS;
 out:
     free(by_page);
     free(pages);
@@ -608,6 +617,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     b->ran = 0;
     b->nrecs = 0;
     b->nleaves = 0;
+    b->leaves_read = 0;
     b->arena_len = 0;
     if (lio_grow((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
         return end_step(b, oom(b));
@@ -693,7 +703,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
             }
         }
         r->slot = (uint32_t)lo;
-        rc = locate(b, b->leafbuf + lo * b->env->psize, idx->leaf_pgno[leaf],
+        rc = locate(b, b->slotp[lo], idx->leaf_pgno[leaf],
                     r->ordinal - idx->first[leaf], r);
         if (rc)
             goto out;

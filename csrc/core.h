@@ -72,6 +72,11 @@ int lio_parse_meta(const uint8_t *p, size_t avail, uint64_t pgno,
 /* Checks of a meta that need the whole snapshot: record flags, roots. */
 int lio_check_snapshot(const lio_meta *m, uint64_t pgno, lio_error *err);
 
+/* The checks of a leaf read for a bulk read (index.c): its header, the
+ * page, and the record count the index gave it (`want`). */
+int lio_check_index_leaf(const uint8_t *p, uint32_t psize, uint64_t pgno,
+                         uint64_t want, int dupsort, lio_error *err);
+
 /* Checks of a leaf's 16-byte header alone (the index reads no more). */
 int lio_check_leaf_header(const uint8_t *p, uint32_t psize, uint64_t pgno,
                           lio_error *err);

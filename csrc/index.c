@@ -111,7 +111,95 @@ void lio_index_free(lio_index *idx)
     free(idx->leaf_pgno);
     free(idx->first);
     free(idx->recmap);
+    free(idx->leafmem);
+    free(idx->leaf_ok);
     free(idx);
+}
+
+int lio_check_index_leaf(const uint8_t *p, uint32_t psize, uint64_t pg,
+                         uint64_t want, int dupsort, lio_error *err)
+{
+    uint64_t have;
+    int rc;
+    if ((rc = lio_check_leaf_header(p, psize, pg, err)) ||
+        (rc = lio_check_page(p, psize, pg, 0, err)))
+        return rc;
+    if (dupsort) {
+        if ((rc = lio_leaf_dup_records(p, psize, pg, &have, err)))
+            return rc;
+    } else {
+        have = pg_numkeys(p);
+    }
+    if (have != want)
+        return lio_fail(err, LIO_CORRUPTED, pg,
+                        "page %llu holds %llu records where the index says "
+                        "%llu (a stale index, or the file changed)",
+                        (unsigned long long)pg, (unsigned long long)have,
+                        (unsigned long long)want);
+    return LIO_SUCCESS;
+}
+
+#define LOAD_CHUNK 2048      /* leaves per executor round */
+
+int lio_index_load_leaves(lio_index *idx, lio_env *env, const lio_dbrec *db,
+                          const lio_executor *ex)
+{
+    uint64_t n = idx->nleaves, psize = env->psize, *order;
+    uint8_t *mem = NULL, *ok;
+    lio_plan plan;
+    lio_error err;
+    int dupsort = (db->flags & LIO_DUPSORT) != 0, rc = 0;
+    if (idx->leafmem || n == 0 || n > SIZE_MAX / psize)
+        return idx->leafmem != NULL;
+    if (posix_memalign((void **)&mem, 4096, n * psize))
+        return 0;
+    ok = calloc(n, 1);
+    order = malloc(2 * n * sizeof *order);
+    if (!ok || !order) {
+        free(mem);
+        free(ok);
+        free(order);
+        return 0;
+    }
+    /* in page order, in rounds of LOAD_CHUNK leaves */
+    for (uint64_t i = 0; i < n; i++) {
+        order[2 * i] = idx->leaf_pgno[i];
+        order[2 * i + 1] = i;
+    }
+    lio_sort_u64(order, n, 2);
+    lio_plan_init(&plan, 0, 8u << 20);
+    for (uint64_t lo = 0; lo < n && rc == 0; lo += LOAD_CHUNK) {
+        uint64_t hi = lo + LOAD_CHUNK < n ? lo + LOAD_CHUNK : n;
+        lio_plan_reset(&plan);
+        for (uint64_t j = lo; j < hi && rc == 0; j++) {
+            uint64_t pg = order[2 * j], i = order[2 * j + 1];
+            if (lio_check_extent(env, pg * psize, psize, pg, &err))
+                continue;   /* past the end: left out */
+            if (lio_plan_add(&plan, pg * psize, mem + i * psize, psize))
+                rc = 1;
+            ok[i] = 1;
+        }
+        if (rc == 0 && plan.nreads && ex->run(ex->ctx, &plan, &err))
+            rc = 1;
+        for (uint64_t j = lo; j < hi && rc == 0; j++) {
+            uint64_t pg = order[2 * j], i = order[2 * j + 1];
+            if (ok[i])
+                ok[i] = lio_check_index_leaf(mem + i * psize, (uint32_t)psize,
+                                             pg, idx->first[i + 1] -
+                                             idx->first[i], dupsort,
+                                             &err) == LIO_SUCCESS;
+        }
+    }
+    lio_plan_free(&plan);
+    free(order);
+    if (rc) {
+        free(mem);
+        free(ok);
+        return 0;
+    }
+    idx->leafmem = mem;
+    idx->leaf_ok = ok;
+    return 1;
 }
 
 int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,

@@ -350,7 +350,22 @@ typedef struct lio_index {
      * value size << 32 of an inline value, 0 for a record read through its
      * leaf (an overflow value, a node with flags). */
     uint64_t *recmap;
+    /* Every leaf in memory, or NULL (lio_index_load_leaves): leaf i at
+     * leafmem + i * page size, usable when leaf_ok[i] (it passed the
+     * checks a bulk read makes). */
+    uint8_t *leafmem;
+    uint8_t *leaf_ok;
 } lio_index;
+
+/* Read every leaf of the index into memory, with the checks a bulk read
+ * makes, so that bulk reads stop reading leaves: for trees whose values
+ * live in overflow runs, where the leaves are a small part of the file
+ * that shuffled windows would read over and over.  A leaf that fails a
+ * check (or its read) is left out: a bulk read that needs it reads it and
+ * fails then, as without this.  1 when loaded, 0 when not (out of memory,
+ * a failed read, an empty index; nothing changes then). */
+int lio_index_load_leaves(lio_index *idx, lio_env *env, const lio_dbrec *db,
+                          const lio_executor *ex);
 
 /* A tree gets a record map when its leaves hold at most this many records
  * on average: the map then costs at most 8 bytes x 8 per leaf page, under

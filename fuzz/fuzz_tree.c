@@ -113,6 +113,47 @@ static void walk(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     lio_cursor_close(c);
 }
 
+/* A forward walk that defers overflow values, as the drop-in binding does:
+ * steps inside a leaf, then each value read alone or in a planned batch
+ * with the next ones (lio_cursor_plan_values / lio_cursor_values_into). */
+static void walk_deferred(lio_env *env, const lio_meta *snap,
+                          const lio_dbrec *db)
+{
+    lio_cursor *c;
+    lio_error err;
+    lio_val k, v;
+    lio_value_run runs[LIO_VALUES_MAX];
+    void *dsts[LIO_VALUES_MAX];
+    int rc, steps;
+
+    if (lio_cursor_open(&c, env, snap, db, &err))
+        return;
+    lio_cursor_defer_values(c, 1);
+    for (rc = lio_cursor_get(c, &k, &v, LIO_FIRST), steps = 0;
+         rc == 0 && steps < MAX_STEPS; steps++) {
+        sink += fz_touch(&k);
+        if (v.data == NULL && v.size) {
+            size_t n = lio_cursor_plan_values(c, runs, LIO_VALUES_MAX,
+                                              1u << 20), good = 0, i;
+            for (i = 0; i < n; i++)
+                if (!(dsts[i] = malloc(runs[i].size ? runs[i].size : 1)))
+                    break;
+            if (i == n && n > 1 &&
+                lio_cursor_values_into(c, runs, n, dsts, &good) == 0)
+                sink += good;
+            else if (i == n && n == 1)
+                sink += (unsigned)lio_cursor_value_into(c, dsts[0]);
+            while (i > 0)
+                free(dsts[--i]);
+        } else {
+            sink += fz_touch(&v);
+        }
+        if (!lio_cursor_step(c, &k, &v, 1))
+            rc = lio_cursor_get(c, &k, &v, LIO_NEXT);
+    }
+    lio_cursor_close(c);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     lio_membuf mb = {data, size};
@@ -129,6 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (lio_env_snapshot(env, 0, &snap, &err) == 0) {
         walk(env, &snap, &snap.free_db, NULL);
         walk(env, &snap, &snap.main_db, &named);
+        walk_deferred(env, &snap, &snap.main_db);
         for (unsigned i = 0; i < named.n && i < 4; i++) {
             lio_dbrec rec;
             if (lio_named_db(env, &snap, named.key[i], named.len[i], &rec,

@@ -449,6 +449,24 @@ cdef class BulkFile:
     def num_leaves(self):
         return self.idx.nleaves if self.idx != NULL else 0
 
+    def keep_leaves(self, uint64_t max_bytes):
+        """Hold every leaf of the index in memory (read and checked once),
+        so that windows read only values, when the leaves take at most
+        max_bytes and the index has no record map (which reads records
+        without their leaves already).  Whether they are held."""
+        cdef int rc
+        if self.idx == NULL:
+            return False
+        if self.idx.leafmem != NULL:
+            return True
+        if (self.idx.recmap != NULL or self.idx.nleaves == 0 or
+                self.idx.nleaves > max_bytes // lio_env_psize(self.env)):
+            return False
+        with nogil:
+            rc = lio_index_load_leaves(self.idx, self.env, &self.db,
+                                       &self.posix_ex)
+        return rc == 1
+
     cdef _open_bulk(self):
         cdef lio_error err
         cdef int rc = lio_bulk_open(&self.bulk, self.env, &self.snap, &self.db,

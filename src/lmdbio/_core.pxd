@@ -202,6 +202,7 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t *first
         uint64_t pages_read
         uint64_t *recmap
+        uint8_t *leafmem
     ctypedef struct lio_pool:
         pass
     ctypedef struct lio_bulk:
@@ -235,6 +236,8 @@ cdef extern from "lmdbio.h" nogil:
                              const lio_executor *ex, int from_end,
                              uint64_t need, lio_error *err)
     void lio_index_free(lio_index *idx)
+    int lio_index_load_leaves(lio_index *idx, lio_env *env,
+                              const lio_dbrec *db, const lio_executor *ex)
     int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,
                           uint64_t n, lio_error *err)
 

@@ -32,6 +32,9 @@ _log = logging.getLogger('lmdbio')
 # fresh process faults in less new memory (measured: a hot 80 MB epoch in a
 # new process took 2x as long with 16 MiB windows as with 2-4 MiB ones).
 _WINDOW_BYTES = 4 << 20
+# Leaves held in memory for random access (_random_access), at most this
+# many bytes: a million CIFAR-like records have 26 MB of leaves.
+_LEAVES_HELD = 128 << 20
 _STATE_VERSION = 1  # state_dict()'s layout
 
 
@@ -561,6 +564,7 @@ class Reader:
         self._io_lock = threading.Lock()  # lane 0: iteration and read()
         self._lane_locks = (self._io_lock, threading.Lock())
         self._recmap_pending = None  # a cached record map not yet loaded
+        self._leaves_tried = False   # _random_access asked for the leaves
         self._workers = []
         self._env = self._txn = None
         self._file = None
@@ -632,7 +636,7 @@ class Reader:
         # Windows read so far, and the largest (bytes of leaves, values and
         # keys; batches): prefetching stays within prefetch_bytes.
         self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0,
-                             'max_ahead': 0}
+                             'max_ahead': 0, 'leaves_held': False}
         if self._parts is None:
             self._records = [self.total_records]
             self._txnids = [int(self._file.txnid)]
@@ -845,6 +849,24 @@ class Reader:
                                  % (e.what, pending[3], _CACHE_FIX),
                                  e.code) from None
 
+    def _random_access(self):
+        """Before reads in random order (a shuffled epoch, read()): the
+        cached record map, and, for a tree whose values live in overflow
+        runs, its leaves held in memory (read and checked once; at most a
+        quarter of the file and _LEAVES_HELD bytes;
+        window_stats['leaves_held']): a shuffled window of
+        CIFAR-like records needed most leaves again and read them again,
+        a leaf for each value read.  Not under MPI (its reads are
+        collective, window by window)."""
+        self._adopt_recmap()
+        if self._leaves_tried or self._file is None or self._coll is not None:
+            return
+        self._leaves_tried = True
+        f = self._file
+        with self._lane_locks[0], self._lane_locks[1]:
+            self.window_stats['leaves_held'] = f.keep_leaves(
+                min((f.last_pg + 1) * f.psize // 4, _LEAVES_HELD))
+
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
         read() asks for ordinals least..most past it."""
@@ -852,6 +874,7 @@ class Reader:
         if least < lo or most >= end:
             with self._lane_locks[0], self._lane_locks[1]:
                 self._file.build_index()
+            self._leaves_tried = False   # (a new index holds none)
             index_cache, data = self._index_cache
             if index_cache is not False and index_cache is not None:
                 _save_index(*self._cache_file(index_cache, data),
@@ -1211,7 +1234,7 @@ class Reader:
                     self._coll is None:
                 self._index_all(least, most)
             for r in (self._parts if self._parts is not None else [self]):
-                r._adopt_recmap()   # once: a no-op after the first
+                r._random_access()   # once: a no-op after the first
         return self._read(indices)
 
     def __iter__(self):
@@ -1233,6 +1256,9 @@ class Reader:
         self._received = start
         if start * self.batch_size >= total:
             return
+        if self.shuffle:
+            for r in (self._parts if self._parts is not None else [self]):
+                r._random_access()
         yield from self._iter_windows(total, start * self.batch_size)
 
     def _window_batches(self, ordinals, lane=0):
