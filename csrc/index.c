@@ -16,7 +16,11 @@
 
 #include "core.h"
 
-#define CHUNK_PAGES 256      /* whole pages per executor round */
+/* Whole pages per executor round: 8 MiB, read as 1 MiB requests that the
+ * executor spreads over its threads when cached (lio_plan.spread): one
+ * core copying every leaf was most of a first start's index build. */
+#define CHUNK_BYTES (8u << 20)
+#define COUNT_READ_MAX (1u << 20)
 #define CHUNK_HEADERS 8192   /* leaf headers per executor round */
 
 typedef struct {
@@ -303,7 +307,9 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     int dupsort = (db->flags & LIO_DUPSORT) != 0;
     int hdr_only = leaf_level && !dupsort && !acc;
     size_t sz = hdr_only ? PAGEHDRSZ : env->psize;
-    size_t chunk = hdr_only ? CHUNK_HEADERS : CHUNK_PAGES;
+    size_t chunk = hdr_only ? CHUNK_HEADERS
+                            : (CHUNK_BYTES / env->psize ? CHUNK_BYTES / env->psize
+                                                        : 1);
     pg_pos *order = malloc(n * sizeof *order);
     uint32_t *nkeys = NULL;
     uint8_t *buf = NULL;
@@ -510,11 +516,13 @@ static int count_leaves(lio_env *env, const lio_meta *snap,
         return LIO_SUCCESS;
     /* Leaf headers sit a page apart: reading the rest of each page (into
      * the plan's sink) along with the headers turns one request per leaf
-     * into one per run of leaves, at most 1024 a request (a few branch
+     * into one per run of leaves, at most 1 MiB a request (a few branch
      * pages in between are read over too).  200k leaves hot: 2 us a
-     * request against about 0.3 us to copy a page. */
+     * request against about 0.3 us to copy a page.  Cached runs are
+     * copied by the executor's threads together (plan.spread). */
     lio_plan_init(&plan, (db->flags & LIO_DUPSORT) ? 0 : 4 * (size_t)env->psize,
-                  8u << 20);
+                  COUNT_READ_MAX);
+    plan.spread = 1;
     rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, NULL, NULL,
                     counts, acc, err);
     lio_plan_free(&plan);

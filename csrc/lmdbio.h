@@ -296,6 +296,11 @@ typedef struct lio_plan {
     size_t max_gap;          /* merge reads separated by at most this */
     size_t max_read;         /* never build a read longer than this */
     uint8_t *sink;           /* gap bytes land here (max_gap bytes) */
+    /* Large reads of cached data may be spread over the executor's
+     * threads (each core copies a share) instead of being copied by the
+     * calling thread alone: for a plan nothing else reads beside, the
+     * index build. */
+    int spread;
 } lio_plan;
 
 void lio_plan_init(lio_plan *plan, size_t max_gap, size_t max_read);

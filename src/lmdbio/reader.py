@@ -16,6 +16,9 @@ import os
 import threading
 
 import numpy as np
+# numpy loads numpy.random on first use (17 ms here): a shuffled epoch's
+# first batch paid it; it belongs with the imports.
+import numpy.random  # noqa: F401
 
 from lmdbio._bulk import BulkFile, gather
 from lmdbio._state import check_state
