@@ -64,7 +64,10 @@ P_BRANCH, P_LEAF = 0x01, 0x02
 MAX_SEGS_PER_READ = 1024      # csrc/plan.c (IOV_MAX)
 INDEX_CHUNK_HEADERS = 8192    # csrc/index.c: leaf headers per round
 INDEX_HEADER_GAP = 4          # csrc/index.c: pages read over between headers
-INDEX_CHUNK_PAGES = 256       # csrc/index.c: whole pages per round
+INDEX_CHUNK_BYTES = 8 << 20   # csrc/index.c CHUNK_BYTES: whole pages per round
+INDEX_READ_MAX = 1 << 20      # csrc/index.c COUNT_READ_MAX: leaf-level requests
+LEAVES_HELD = 128 << 20       # lmdbio.reader._LEAVES_HELD
+LOAD_CHUNK = 2048             # csrc/index.c: leaves per round of holding them
 RECMAP_PER_LEAF = 8           # csrc/lmdbio.h LIO_RECMAP_PER_LEAF
 NODEHDRSZ = 8
 FUSE_MAX_REQUEST = 128 << 10  # libfuse 2: the kernel splits reads to this
@@ -368,11 +371,12 @@ def mapped_records(layout, ords):
     return (2 * cnt <= per_leaf)[inv] & (layout.ovpg[ords] == 0)
 
 
-def plan_step(layout, ordinals, pol, mapped=False, keys=True):
-    """The reads of one Reader step (a batch, or a window): leaves, then
-    overflow runs and (mapped: the index keeps the record map) the records
-    read straight from sparse leaves, in one plan.  Returns (leaf reads,
-    overflow and record reads)."""
+def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False):
+    """The reads of one Reader step (a batch, or a window): leaves (none
+    when the Reader holds them: held), then overflow runs and (mapped: the
+    index keeps the record map) the records read straight from sparse
+    leaves, in one plan.  Returns (leaf reads, overflow and record
+    reads)."""
     ps = layout.psize
     ords = np.asarray(ordinals, dtype=np.int64)
     if len(ords) == 0:
@@ -381,6 +385,8 @@ def plan_step(layout, ordinals, pol, mapped=False, keys=True):
         np.zeros(len(ords), dtype=bool)
     leaves = np.unique(np.searchsorted(layout.first, ords[~direct],
                                        side="right") - 1)
+    if held:
+        leaves = leaves[:0]
     pg = layout.leaf_pgno[leaves].astype(np.int64)
     order = np.argsort(pg, kind="stable")   # read by page; slot by key order
     pg, slots = pg[order], order
@@ -523,6 +529,12 @@ def reader_has_map(layout, job, rank, engine="posix"):
     index and the one MPI ranks build together keep none."""
     if engine != "posix" or not layout.has_recmap():
         return False
+    return _whole_index(layout, job, rank)
+
+
+def _whole_index(layout, job, rank):
+    """Whether the rank indexes the whole tree (lmdbio.Reader._part_wanted
+    is None): one rank, a shuffled order, or a share that wraps around."""
     n, P = layout.n_records, job.P
     if job.shuffle or P == 1:
         return True
@@ -533,13 +545,44 @@ def reader_has_map(layout, job, rank, engine="posix"):
     return min(first + count, n - first) >= n
 
 
+def reader_holds_leaves(layout, job, rank, engine="posix",
+                        random_access=True):
+    """Whether the Reader holds every leaf in memory
+    (lmdbio.Reader._random_access): before reads in random order (a
+    shuffled epoch, or read(): random_access), without MPI, a whole index
+    without a record map whose leaves take at most a quarter of the file
+    and LEAVES_HELD bytes."""
+    if engine != "posix" or not random_access or \
+            not _whole_index(layout, job, rank) or layout.has_recmap():
+        return False
+    leaf_bytes = layout.n_leaves * layout.psize
+    return 0 < leaf_bytes <= min(layout.file_bytes // 4, LEAVES_HELD)
+
+
+def leaf_load(layout):
+    """The reads of holding every leaf (csrc/index.c
+    lio_index_load_leaves): in page order, LOAD_CHUNK leaves a round,
+    neighbouring pages in one request of at most 8 MiB."""
+    ps = layout.psize
+    pg = layout.leaf_pgno.astype(np.int64)
+    order = np.argsort(pg, kind="stable")
+    reads = []
+    for c0 in range(0, len(pg), LOAD_CHUNK):
+        sel = order[c0:c0 + LOAD_CHUNK]
+        contig = np.ones(len(sel), dtype=bool)
+        contig[1:] = sel[1:] == sel[:-1] + 1
+        reads.extend(coalesce((pg[sel] * ps).tolist(), [ps] * len(sel),
+                              contig.tolist(), 0, 8 << 20))
+    return reads
+
+
 def _reads_summary(reads):
     lens = [ln for _, ln in reads]
     return len(lens), sum(lens), (max(lens) if lens else 0)
 
 
 def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
-                      sample=None):
+                      sample=None, random_access=False, load=True):
     """One lmdbio rank's epoch: its planned steps and their reads.
 
     engine: posix (the rank's pread pool), mpiio (the same plan, each
@@ -550,7 +593,11 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     the filesystem client: the same for posix; under MPI-IO what ROMIO's
     data sieving makes of each step (pol.sieve_bytes).  reads: the issued
     reads of each non-empty step.  sample: replay at most this many steps,
-    evenly spaced, and scale the totals."""
+    evenly spaced, and scale the totals.  random_access: a Reader without
+    MPI reading in random order (a shuffled epoch, read()), which may hold
+    the leaves (reader_holds_leaves; under comm=, which the projections
+    model, it holds none); load: count the reads of holding them (False:
+    they were held before)."""
     bs = job.batch_size
     mpi = engine in ("mpiio", "node_local")
     if engine == "node_local":
@@ -569,6 +616,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
         units = batches(shard(layout, rank, job.P, job.shuffle,
                               batch_size=bs), bs)
     mapped = reader_has_map(layout, job, rank, engine)
+    held = reader_holds_leaves(layout, job, rank, engine, random_access)
     steps = steps_of(layout, units, pol, mapped)
     picked = range(len(steps))
     scale = 1.0
@@ -578,7 +626,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     req = nbytes = ireq = ibytes = mx = coll = 0
     step_req, reads_all = [], []   # per non-empty step
     for i in picked:
-        for part in plan_step(layout, steps[i], pol, mapped):
+        for part in plan_step(layout, steps[i], pol, mapped, held=held):
             if not part:
                 continue
             n, b, _ = _reads_summary(part)
@@ -593,8 +641,13 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
             mx = max(mx, m)
             step_req.append(n)
             reads_all.append(part)
-    return dict(steps=len(steps), requests=req * scale, bytes=nbytes * scale,
-                issued_requests=ireq * scale, issued_bytes=ibytes * scale,
+    lreq = lbytes = 0
+    if held and load:
+        lreq, lbytes, _ = _reads_summary(leaf_load(layout))
+    return dict(steps=len(steps), requests=req * scale + lreq,
+                bytes=nbytes * scale + lbytes,
+                issued_requests=ireq * scale + lreq,
+                issued_bytes=ibytes * scale + lbytes,
                 max_request=mx, step_requests=step_req, step_scale=scale,
                 collectives=coll * scale, reads=reads_all, sampled=scale != 1)
 
@@ -606,18 +659,20 @@ def _steps_count(layout, job, pol):
 
 def index_build(layout, P=1, rank=0, recmap=False):
     """The reads of building the record index (csrc/index.c): every rank
-    reads the branch levels (pages coalesced with no hole, in rounds of 256),
-    then its share of the leaf headers, 16 bytes each, headers at most
-    INDEX_HEADER_GAP apart in one request (the pages between them read
-    over); with the record map (recmap: reader_has_map) whole leaves
-    instead, in rounds of 256 pages."""
+    reads the branch levels (pages coalesced with no hole, in rounds of
+    INDEX_CHUNK_BYTES), then its share of the leaf headers, 16 bytes each,
+    headers at most INDEX_HEADER_GAP apart in one request of at most
+    INDEX_READ_MAX (the pages between them read over); with the record map
+    (recmap: reader_has_map) whole leaves instead, in rounds of
+    INDEX_CHUNK_BYTES."""
     ps = layout.psize
+    chunk_pages = max(1, INDEX_CHUNK_BYTES // ps)
     req = nbytes = 0
     reads = []
     for lvl in layout.branch_levels:
         pg = np.sort(lvl.astype(np.int64))
-        for c0 in range(0, len(pg), INDEX_CHUNK_PAGES):
-            ch = pg[c0:c0 + INDEX_CHUNK_PAGES]
+        for c0 in range(0, len(pg), chunk_pages):
+            ch = pg[c0:c0 + chunk_pages]
             rd = coalesce((ch * ps).tolist(), [ps] * len(ch),
                           [True] * len(ch), 0, 8 << 20)
             req += len(rd)
@@ -627,12 +682,12 @@ def index_build(layout, P=1, rank=0, recmap=False):
     lo, hi = L * rank // P, L * (rank + 1) // P
     pg = np.sort(layout.leaf_pgno[lo:hi].astype(np.int64))
     hdr = 0
-    chunk = INDEX_CHUNK_PAGES if recmap else INDEX_CHUNK_HEADERS
+    chunk = chunk_pages if recmap else INDEX_CHUNK_HEADERS
     for c0 in range(0, len(pg), chunk):
         ch = pg[c0:c0 + chunk]
         rd = coalesce((ch * ps).tolist(), [ps if recmap else PAGEHDRSZ] *
                       len(ch), [bool(recmap)] * len(ch),
-                      INDEX_HEADER_GAP * ps, 8 << 20)
+                      INDEX_HEADER_GAP * ps, INDEX_READ_MAX)
         hdr += len(rd)
         nbytes += sum(x[1] for x in rd)
         reads.extend(rd)

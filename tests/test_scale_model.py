@@ -112,7 +112,8 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
             ords = sm.shard(lay, rank, P, shuffle, batch_size=bs)
             assert n == len(ords)
             assert opened == (idx["requests"], idx["bytes"]), (name, P, rank)
-            m = sm.model_lmdbio_rank(lay, job, one, rank)
+            m = sm.model_lmdbio_rank(lay, job, one, rank,
+                                     random_access=shuffle)
             got = (req - opened[0], nbytes - opened[1])
             assert got == (m["requests"], m["bytes"]), (name, P, rank)
             with lmdbio.Reader(path, **kw) as r:
@@ -120,7 +121,8 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
                 for b in sm.batches(ords, bs):
                     r.read(b)
                 req, nbytes = r.io_stats()
-                m = sm.model_lmdbio_rank(lay, job, per_batch, rank)
+                m = sm.model_lmdbio_rank(lay, job, per_batch, rank,
+                                         random_access=True)
                 got = (req - base[0], nbytes - base[1])
                 assert got == (m["requests"], m["bytes"]), (name, P, rank)
                 read_window = getattr(r._file, "read_window", None)
@@ -131,7 +133,8 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
                     ends = np.minimum(np.arange(bs, len(w) + bs, bs), len(w))
                     read_window(w, ends, True, independent=True)
                 req, nbytes = r.io_stats()
-                m = sm.model_lmdbio_rank(lay, job, win, rank)
+                m = sm.model_lmdbio_rank(lay, job, win, rank,
+                                         random_access=True, load=False)
                 got = (req - base[0], nbytes - base[1])
                 assert got == (m["requests"], m["bytes"]), (name, P, rank)
 

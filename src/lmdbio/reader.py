@@ -860,12 +860,14 @@ class Reader:
         window_stats['leaves_held']): a shuffled window of
         CIFAR-like records needed most leaves again and read them again,
         a leaf for each value read.  Not under MPI (its reads are
-        collective, window by window)."""
+        collective, window by window), nor for a partial index."""
         self._adopt_recmap()
         if self._leaves_tried or self._file is None or self._coll is not None:
             return
         self._leaves_tried = True
         f = self._file
+        if f.index_range != (0, self.total_records):
+            return   # a shard's partial index: its in-order epoch
         with self._lane_locks[0], self._lane_locks[1]:
             self.window_stats['leaves_held'] = f.keep_leaves(
                 min((f.last_pg + 1) * f.psize // 4, _LEAVES_HELD))
