@@ -404,6 +404,13 @@ def write_items(path, items: Iterable[Tuple[bytes, bytes]], spec: DBSpec = PLAIN
     return write_env(path, {name: (spec, ops)}, subdir=subdir, **kw)[name]
 
 
+def value_of(i: int, size: int) -> bytes:
+    """Record i's value of `size` bytes: its number repeated, so that a
+    value read from the wrong record or offset shows."""
+    unit = b"%07d|" % i
+    return (unit * (size // len(unit) + 1))[:size]
+
+
 def sample_ops(spec: DBSpec, n_keys: int = 200, dups: int = 3, big_every: int = 0,
                big_size: int = 3 * OS_PAGE_SIZE, delete_every: int = 0) -> List[Op]:
     """Deterministic put/delete ops for `spec`: n_keys keys, `dups` values per

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
-from lmdb_fixtures import LmdbFile, patch, write_items
+from lmdb_fixtures import LmdbFile, patch, value_of, write_items
 
 try:
     import lmdbio
@@ -39,11 +39,6 @@ PAGE = 4096
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-
-
-def value_of(i, size):
-    unit = b"%07d|" % i
-    return (unit * (size // len(unit) + 1))[:size]
 
 
 def write(path, sizes, order=None):

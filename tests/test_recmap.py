@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
-    COMBOS_BY_ID, LmdbFile, read_all_pylmdb, read_syscalls, write_env,
-    write_items,
+    COMBOS_BY_ID, LmdbFile, read_all_pylmdb, read_syscalls, value_of,
+    write_env, write_items,
 )
 
 try:
@@ -45,11 +45,6 @@ PER_LEAF = 8   # LIO_RECMAP_PER_LEAF
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-
-
-def value_of(i, size):
-    unit = b"%07d|" % i
-    return (unit * (size // len(unit) + 1))[:size]
 
 
 def open_file(path, db=None, recmap=True):

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
-    COMBOS_BY_ID, LmdbFile, patch, read_all_pylmdb,
+    COMBOS_BY_ID, LmdbFile, patch, read_all_pylmdb, value_of,
     write_env, write_items,
 )
 
@@ -46,11 +46,6 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 def oracle(path, db=None):
     return read_all_pylmdb(path, names=(db,))[db]
-
-
-def value_of(i, size):
-    unit = b"%07d|" % i
-    return (unit * (size // len(unit) + 1))[:size]
 
 
 @st.composite
