@@ -860,7 +860,12 @@ class Reader:
         window_stats['leaves_held']): a shuffled window of
         CIFAR-like records needed most leaves again and read them again,
         a leaf for each value read.  Not under MPI (its reads are
-        collective, window by window), nor for a partial index."""
+        collective, window by window), nor for a partial index.  Several
+        environments: each part's own."""
+        if self._parts is not None:
+            for r in self._parts:
+                r._random_access()
+            return
         self._adopt_recmap()
         if self._leaves_tried or self._file is None or self._coll is not None:
             return
@@ -1238,8 +1243,7 @@ class Reader:
             if self._file is not None and self._parts is None and \
                     self._coll is None:
                 self._index_all(least, most)
-            for r in (self._parts if self._parts is not None else [self]):
-                r._random_access()   # once: a no-op after the first
+            self._random_access()   # once: a no-op after the first
         return self._read(indices)
 
     def __iter__(self):
@@ -1262,8 +1266,7 @@ class Reader:
         if start * self.batch_size >= total:
             return
         if self.shuffle:
-            for r in (self._parts if self._parts is not None else [self]):
-                r._random_access()
+            self._random_access()
         yield from self._iter_windows(total, start * self.batch_size)
 
     def _window_batches(self, ordinals, lane=0):
