@@ -52,6 +52,11 @@ struct lio_bulk {
     size_t leafbuf_pages;
     const uint8_t **slotp;    /* each slot's leaf: in leafbuf or the index */
     size_t leaves_read;       /* of them, read (not in the index) */
+    /* leaves pre_lo .. pre_lo+pre_n-1 (index positions), as the last
+     * lio_bulk_extend read them to count them: the next prepare (only)
+     * takes them from here */
+    uint8_t *pre;
+    uint64_t pre_lo, pre_n, pre_cap;
     /* records of the current batch */
     rec *recs;
     size_t nrecs, recs_cap;
@@ -220,7 +225,8 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
 void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
 {
     const lio_index *idx = b->idx;
-    uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
+    uint64_t counted = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
+    uint64_t lo = idx->first[0], total = idx->first[counted];
     uint64_t leaf = UINT64_MAX, *pages;
     size_t np = 0;
     int sorted = 1;
@@ -232,12 +238,23 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
         return; /* advice is optional */
     for (size_t i = 0; i < n; i++) {
         uint64_t ord = (uint64_t)ordinals[i], pg;
-        if (ordinals[i] < 0 || ord < lo || ord >= total)
-            continue;
-        if (leaf == UINT64_MAX || ord < idx->first[leaf] ||
-            ord >= idx->first[leaf + 1])
-            leaf = lio_index_find(idx, ord);
-        pg = idx->leaf_pgno[leaf];
+        if (ord >= total && ordinals[i] >= 0 && ord < b->db.entries &&
+            idx->tree_leaves > counted) {
+            /* not counted yet: where an even spread of the records left
+             * puts it (advice may miss) */
+            double at = (double)(ord - total) / (double)(b->db.entries - total);
+            uint64_t est = counted +
+                           (uint64_t)(at * (double)(idx->tree_leaves - counted));
+            pg = idx->leaf_pgno[est < idx->tree_leaves ? est
+                                                       : idx->tree_leaves - 1];
+        } else {
+            if (ordinals[i] < 0 || ord < lo || ord >= total)
+                continue;
+            if (leaf == UINT64_MAX || ord < idx->first[leaf] ||
+                ord >= idx->first[leaf + 1])
+                leaf = lio_index_find(idx, ord);
+            pg = idx->leaf_pgno[leaf];
+        }
         if (np && pages[np - 1] == pg)
             continue;
         if (pg * b->env->psize >= b->env->file_size)
@@ -299,6 +316,7 @@ void lio_bulk_close(lio_bulk *b)
     free(b->ov_hdr);
     free(b->pairs);
     free(b->advised);
+    free(b->pre);
     drop_read(b);
     lio_cursor_close(b->dupcur);
     free(b);
@@ -312,7 +330,7 @@ static int load_leaves(lio_bulk *b)
     const lio_index *idx = b->idx;
     size_t *by_page;
     uint64_t *pages;
-    size_t nread = 0;
+    size_t nread = 0, npre = 0;
     int rc;
 
     if (b->nleaves > b->leafbuf_pages) {
@@ -368,6 +386,11 @@ static int load_leaves(lio_bulk *b)
             b->slotp[slot] = idx->leafmem + leaf * env->psize;
             continue;
         }
+        if (leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n) {
+            b->slotp[slot] = b->pre + (leaf - b->pre_lo) * env->psize;
+            npre++;   /* read by this step's extension */
+            continue;
+        }
         b->slotp[slot] = b->leafbuf + slot * env->psize;
         if ((rc = lio_check_extent(env, pg * env->psize, env->psize, pg,
                                    &b->err)))
@@ -380,13 +403,13 @@ static int load_leaves(lio_bulk *b)
         }
         pages[nread++] = pg;
     }
-    b->leaves_read = nread;
+    b->leaves_read = nread + npre;
     advise_regions(b, pages, nread);
     if ((nread || b->collective) && (rc = run_plan(b)))
         goto out;
     for (size_t slot = 0; slot < b->nleaves; slot++) {
         uint64_t leaf = b->leaves[slot];
-        if (b->slotp[slot] != b->leafbuf + slot * env->psize)
+        if (idx->leafmem && idx->leaf_ok[leaf])
             continue;   /* checked when the index loaded it */
         if ((rc = lio_check_index_leaf(b->slotp[slot], env->psize,
                                        idx->leaf_pgno[leaf],
@@ -602,12 +625,134 @@ static int choose_mapped(lio_bulk *b, const uint64_t *leafof, size_t n,
     return rc;
 }
 
+/* A begun index's leaves are counted in rounds of at most EXTEND_ROUND
+ * bytes (the index build's round), and at most EXTEND_KEPT bytes of them
+ * stay for the next prepare (a window's leaves, not a whole file's). */
+#define EXTEND_ROUND (8u << 20)
+#define EXTEND_KEPT (32u << 20)
+
+static int keep_room(lio_bulk *b, uint64_t pages)
+{
+    uint64_t psize = b->env->psize;
+    uint8_t *nb;
+    if (pages <= b->pre_cap)
+        return 0;
+    if (posix_memalign((void **)&nb, 4096, pages * psize))
+        return -1;
+    if (b->pre_n)
+        memcpy(nb, b->pre, b->pre_n * psize);
+    free(b->pre);
+    b->pre = nb;
+    b->pre_cap = pages;
+    return 0;
+}
+
+int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
+{
+    uint64_t psize = b->env->psize;
+    uint64_t round_max = EXTEND_ROUND / psize ? EXTEND_ROUND / psize : 1;
+    uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
+    uint64_t *keyed = NULL;
+    int rc = LIO_SUCCESS;
+
+    b->err.code = 0;
+    b->ran = 0;
+    if (idx != b->idx)
+        return end_step(b, lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
+                                    "the reader was opened with another "
+                                    "index"));
+    if (!lio_index_pending(idx) || idx->first[idx->nleaves] > need)
+        return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
+    b->pre_n = 0;
+    b->pre_lo = idx->nleaves;
+    if (!(keyed = malloc(2 * round_max * sizeof *keyed)))
+        return end_step(b, oom(b));
+    while (lio_index_pending(idx) && idx->first[idx->nleaves] <= need) {
+        uint64_t n = idx->nleaves, have = idx->first[n];
+        uint64_t left = idx->tree_leaves - n, k;
+        uint64_t left_recs = b->db.entries > have ? b->db.entries - have : 0;
+        int sorted = 1;
+        /* Leaves enough for the records wanted at the average of the
+         * records left, one more for the spread: a round reads little past
+         * what the step needs. */
+        if (need >= b->db.entries || left_recs == 0) {
+            k = left;
+        } else {   /* (in doubles: the counts a hostile file gives) */
+            double x = (double)(need + 1 - have) * (double)left /
+                       (double)left_recs;
+            k = x < (double)left ? (uint64_t)x : left;
+            k += ((double)k < x) + 1;   /* rounded up, one more */
+        }
+        if (k > round_max)
+            k = round_max;
+        if (k > left)
+            k = left;
+        for (uint64_t j = 0; j < k; j++) {   /* a leaf past the file ends it */
+            uint64_t pg = idx->leaf_pgno[n + j];
+            lio_error ignored;
+            int bad = lio_check_extent(b->env, pg * psize, psize, pg,
+                                       j ? &ignored : &b->err);
+            if (bad && j == 0) {
+                rc = bad;
+                goto out;
+            }
+            if (bad) {
+                k = j;
+                break;
+            }
+        }
+        if (!keep || b->pre_n + k > kept_max) {
+            b->pre_lo = n;
+            b->pre_n = 0;
+        }
+        if (keep_room(b, b->pre_n + k)) {
+            rc = oom(b);
+            goto out;
+        }
+        for (uint64_t j = 0; j < k; j++) {
+            keyed[2 * j] = idx->leaf_pgno[n + j];
+            keyed[2 * j + 1] = j;
+            if (j && keyed[2 * j] < keyed[2 * j - 2])
+                sorted = 0;
+        }
+        if (!sorted)
+            lio_sort_u64(keyed, k, 2);
+        lio_plan_reset(&b->plan);
+        for (uint64_t j = 0; j < k; j++) {
+            uint64_t pg = keyed[2 * j];
+            uint8_t *dst = b->pre + (b->pre_n + keyed[2 * j + 1]) * psize;
+            if ((rc = lio_plan_add(&b->plan, pg * psize, dst, psize))) {
+                rc = lio_fail(&b->err, rc, pg, "page %llu: cannot plan its "
+                              "read", (unsigned long long)pg);
+                goto out;
+            }
+        }
+        if ((rc = run_plan(b)))
+            goto out;
+        rc = lio_index_count_more(idx, (uint32_t)psize, &b->db,
+                                  b->pre + b->pre_n * psize, k, need,
+                                  &b->err);
+        if (rc)
+            goto out;
+        b->pre_n += idx->nleaves - n;   /* the leaves counted */
+        if (idx->nleaves - n < k)
+            break;   /* stopped at a damaged leaf past the one needed */
+    }
+out:
+    free(keyed);
+    if (!keep || rc)
+        b->pre_n = 0;
+    return end_step(b, rc);
+}
+
 int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      uint64_t *key_bytes, uint64_t *value_bytes)
 {
     const lio_index *idx = b->idx;
     const uint64_t *map = idx->recmap;
-    uint64_t lo = idx->first[0], total = idx->first[idx->nleaves];
+    uint64_t lo = idx->first[0];
+    uint64_t total = idx->first[__atomic_load_n(&idx->nleaves,
+                                                __ATOMIC_ACQUIRE)];
     uint64_t kb = 0, vb = 0, *leafof, prev = 0;
     size_t nleafy = 0;        /* records read through their leaf */
     int ascending = 1;
@@ -615,6 +760,11 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
 
     b->err.code = 0;
     b->ran = 0;
+    if (b->pre && !b->pre_n && !lio_index_pending(idx)) {
+        free(b->pre);   /* every leaf counted: no extension needs it */
+        b->pre = NULL;
+        b->pre_cap = 0;
+    }
     b->nrecs = 0;
     b->nleaves = 0;
     b->leaves_read = 0;
@@ -680,7 +830,10 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     for (size_t i = 0; i < nleafy; i++)
         if (!b->nleaves || b->leaves[b->nleaves - 1] != b->leaves[i])
             b->leaves[b->nleaves++] = b->leaves[i];
-    if (b->nleaves && (rc = load_leaves(b)))
+    rc = b->nleaves ? load_leaves(b) : LIO_SUCCESS;
+    b->pre_n = 0;   /* an extension's leaves serve the prepare after it
+                     * only (fill still copies from them) */
+    if (rc)
         goto out;
     for (size_t i = 0, j = 0, lo = 0; i < n; i++) {
         rec *r = &b->recs[i];

@@ -117,6 +117,7 @@ void lio_index_free(lio_index *idx)
     free(idx->recmap);
     free(idx->leafmem);
     free(idx->leaf_ok);
+    free(idx->built_map);
     free(idx);
 }
 
@@ -296,6 +297,50 @@ int lio_index_adopt(lio_index **out, const lio_meta *snap,
     return LIO_SUCCESS;
 }
 
+/* A page of one level of the tree, the level's pages in page order (prev:
+ * the one before, NULL for the first): reached once, inside the snapshot. */
+static int check_level_page(const uint64_t *prev, uint64_t pg,
+                            const lio_meta *snap, lio_error *err)
+{
+    if (prev && *prev == pg)
+        return lio_fail(err, LIO_CORRUPTED, pg,
+                        "page %llu is reached twice from the branch pages",
+                        (unsigned long long)pg);
+    if (pg < 2 || pg > snap->last_pg)
+        return lio_fail(err, pg < 2 ? LIO_CORRUPTED : LIO_PAGE_NOTFOUND, pg,
+                        "page %llu: a branch points %s",
+                        (unsigned long long)pg, pg < 2 ? "at a meta page"
+                        : "past the snapshot's last page");
+    return LIO_SUCCESS;
+}
+
+/* The records of a leaf read for counting (its header only, unless
+ * DUPSORT: the whole page, whose duplicates count). */
+static int count_leaf(const uint8_t *p, uint32_t psize, uint64_t pg,
+                      int dupsort, uint64_t *count, lio_error *err)
+{
+    int rc;
+    if (!dupsort) {
+        if ((rc = lio_check_leaf_header(p, psize, pg, err)))
+            return rc;
+        *count = pg_numkeys(p);
+        return LIO_SUCCESS;
+    }
+    if (pg_pgno(p) != pg)
+        return lio_fail(err, LIO_CORRUPTED, pg,
+                        "page %llu carries page number %llu in its header",
+                        (unsigned long long)pg,
+                        (unsigned long long)pg_pgno(p));
+    if ((rc = lio_check_page(p, psize, pg, 0, err)))
+        return rc;
+    if (!(pg_flags(p) & P_LEAF) || (pg_flags(p) & P_LEAF2))
+        return lio_fail(err, LIO_CORRUPTED, pg,
+                        "page %llu: a %s page where the tree's depth puts a "
+                        "leaf", (unsigned long long)pg,
+                        (pg_flags(p) & P_LEAF) ? "leaf" : "branch");
+    return lio_leaf_dup_records(p, psize, pg, count, err);
+}
+
 /* Read one level's pages (headers only where hdr_only) and collect either
  * the children (branch level) or the record counts (leaf level). */
 static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
@@ -324,22 +369,10 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         order[i].pos = i;
     }
     qsort(order, n, sizeof *order, by_pgno);
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t pg = order[i].pgno;
-        if (i && order[i - 1].pgno == pg) {
-            rc = lio_fail(err, LIO_CORRUPTED, pg,
-                          "page %llu is reached twice from the branch pages",
-                          (unsigned long long)pg);
+    for (uint64_t i = 0; i < n; i++)
+        if ((rc = check_level_page(i ? &order[i - 1].pgno : NULL,
+                                   order[i].pgno, snap, err)))
             goto out;
-        }
-        if (pg < 2 || pg > snap->last_pg) {
-            rc = lio_fail(err, pg < 2 ? LIO_CORRUPTED : LIO_PAGE_NOTFOUND, pg,
-                          "page %llu: a branch points %s",
-                          (unsigned long long)pg, pg < 2 ? "at a meta page"
-                          : "past the snapshot's last page");
-            goto out;
-        }
-    }
     if (!leaf_level && !(nkeys = calloc(n, sizeof *nkeys))) {
         rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
         goto out;
@@ -367,10 +400,10 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         for (uint64_t j = 0; j < cn; j++) {
             const uint8_t *p = buf + j * sz;
             uint64_t pg = order[c0 + j].pgno, pos = order[c0 + j].pos;
-            if (leaf_level && !dupsort) {
-                if ((rc = lio_check_leaf_header(p, env->psize, pg, err)))
+            if (leaf_level) {
+                if ((rc = count_leaf(p, env->psize, pg, dupsort, &counts[pos],
+                                     err)))
                     goto out;
-                counts[pos] = pg_numkeys(p);
                 if (acc && (rc = map_leaf(acc, p, env->psize, pg, pos, err)))
                     goto out;
                 continue;
@@ -384,20 +417,12 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
             }
             if ((rc = lio_check_page(p, env->psize, pg, 0, err)))
                 goto out;
-            if (((pg_flags(p) & P_LEAF) != 0) != leaf_level ||
-                (pg_flags(p) & P_LEAF2)) {
+            if ((pg_flags(p) & P_LEAF) || (pg_flags(p) & P_LEAF2)) {
                 rc = lio_fail(err, LIO_CORRUPTED, pg,
                               "page %llu: a %s page where the tree's depth "
-                              "puts a %s", (unsigned long long)pg,
-                              (pg_flags(p) & P_LEAF) ? "leaf" : "branch",
-                              leaf_level ? "leaf" : "branch");
+                              "puts a branch", (unsigned long long)pg,
+                              (pg_flags(p) & P_LEAF) ? "leaf" : "branch");
                 goto out;
-            }
-            if (leaf_level) {
-                if ((rc = lio_leaf_dup_records(p, env->psize, pg, &counts[pos],
-                                               err)))
-                    goto out;
-                continue;
             }
             nkeys[pos] = pg_numkeys(p);
             for (unsigned k = 0; k < nkeys[pos]; k++) {
@@ -684,4 +709,131 @@ out:
     free(part);
     free(first);
     return rc;
+}
+
+int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, const lio_executor *ex,
+                    lio_error *err)
+{
+    uint64_t *leaves, n, *first, *sorted;
+    lio_index *idx;
+    int rc;
+
+    *out = NULL;
+    if ((rc = lio_index_leaves(env, snap, db, ex, &leaves, &n, err)))
+        return rc;
+    first = malloc((n + 1) * sizeof *first);
+    sorted = malloc((n ? n : 1) * sizeof *sorted);
+    idx = calloc(1, sizeof *idx);
+    if (!first || !sorted || !idx) {
+        rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+        goto fail;
+    }
+    /* What a build's leaf scan checks of the leaf list as a whole, before
+     * any leaf is read: every leaf reached once, inside the snapshot. */
+    if (n)   /* (an empty tree has no leaf list) */
+        memcpy(sorted, leaves, n * sizeof *sorted);
+    lio_sort_u64(sorted, n, 1);
+    for (uint64_t i = 0; i < n; i++)
+        if ((rc = check_level_page(i ? &sorted[i - 1] : NULL, sorted[i],
+                                   snap, err)))
+            goto fail;
+    free(sorted);
+    first[0] = 0;
+    if (n == 0) {   /* an empty tree: whole already */
+        free(idx);
+        return lio_index_adopt(out, snap, db, 0, leaves, first, 0, err);
+    }
+    idx->txnid = snap->txnid;
+    idx->root = db->root;
+    idx->leaf_pgno = leaves;
+    idx->first = first;
+    idx->nleaves = 0;
+    idx->tree_leaves = n;
+    idx->mapping = !(db->flags & LIO_DUPSORT) &&
+                   db->entries <= (uint64_t)LIO_RECMAP_PER_LEAF * n;
+    if (idx->mapping) {   /* entries <= 8 a leaf: a bounded allocation */
+        idx->built_map = calloc(db->entries ? db->entries : 1,
+                                sizeof *idx->built_map);
+        if (!idx->built_map) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto fail;
+        }
+    }
+    *out = idx;
+    return LIO_SUCCESS;
+fail:
+    free(leaves);
+    free(first);
+    free(sorted);
+    free(idx);
+    return rc;
+}
+
+int lio_index_pending(const lio_index *idx)
+{
+    return idx->tree_leaves >
+           __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
+}
+
+int lio_index_holds(const lio_index *idx, uint64_t ord)
+{
+    return ord < idx->first[__atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE)];
+}
+
+int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
+                         const uint8_t *pages, uint64_t k, uint64_t need,
+                         lio_error *err)
+{
+    uint64_t n = idx->nleaves;
+    int dupsort = (db->flags & LIO_DUPSORT) != 0, rc = LIO_SUCCESS;
+    if (k > idx->tree_leaves - n)
+        k = idx->tree_leaves - n;
+    for (uint64_t j = 0; j < k; j++, n++) {
+        const uint8_t *p = pages + j * psize;
+        uint64_t pg = idx->leaf_pgno[n], count;
+        if ((rc = count_leaf(p, psize, pg, dupsort, &count, err)))
+            break;
+        if (count == 0)
+            rc = lio_fail(err, LIO_CORRUPTED, pg, "page %llu: an empty leaf "
+                          "in a tree", (unsigned long long)pg);
+        else if (idx->first[n] + count > db->entries)
+            rc = lio_fail(err, LIO_CORRUPTED, db->root,
+                          "page %llu: the tree's leaves hold more records "
+                          "(%llu) than its database record says (%llu)",
+                          (unsigned long long)db->root,
+                          (unsigned long long)(idx->first[n] + count),
+                          (unsigned long long)db->entries);
+        if (rc)
+            break;
+        idx->first[n + 1] = idx->first[n] + count;
+        idx->pages_read++;
+        if (idx->mapping) {   /* as a build maps a leaf (map_leaf) */
+            lio_error ignored;
+            int ok = lio_check_page(p, psize, pg, 0, &ignored) == LIO_SUCCESS;
+            for (uint64_t i = 0; i < count; i++)
+                idx->built_map[idx->first[n] + i] =
+                    ok ? map_entry(p, (unsigned)i) : 0;
+        }
+    }
+    /* published after first[] (another reader may prepare meanwhile) */
+    __atomic_store_n(&idx->nleaves, n, __ATOMIC_RELEASE);
+    if (rc)
+        return idx->first[n] > need ? LIO_SUCCESS : rc;
+    if (n == idx->tree_leaves && idx->first[n] != db->entries)
+        return lio_fail(err, LIO_CORRUPTED, db->root,
+                        "page %llu: the tree holds %llu records, its database "
+                        "record says %llu", (unsigned long long)db->root,
+                        (unsigned long long)idx->first[n],
+                        (unsigned long long)db->entries);
+    return LIO_SUCCESS;
+}
+
+const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n)
+{
+    *n = 0;
+    if (!idx->mapping || lio_index_pending(idx))
+        return NULL;
+    *n = idx->first[idx->nleaves];
+    return idx->built_map;
 }

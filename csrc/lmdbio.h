@@ -360,6 +360,17 @@ typedef struct lio_index {
      * checks a bulk read makes). */
     uint8_t *leafmem;
     uint8_t *leaf_ok;
+    /* A build that counts as it goes (lio_index_begin): leaf_pgno holds
+     * all tree_leaves leaves of the tree, the first nleaves of them are
+     * counted (a partial index from the first record until then), and
+     * lio_bulk_extend counts more as reads need them, from the same reads.
+     * 0 for an index built or adopted whole. */
+    uint64_t tree_leaves;
+    /* that build's record map of the counted leaves, in key order, or NULL
+     * (a tree that gets none): the index's own map once every leaf is
+     * counted (lio_index_built_map), never used for reads before */
+    uint64_t *built_map;     /* (entries of the tree: bounded by mapping) */
+    int mapping;
 } lio_index;
 
 /* Read every leaf of the index into memory, with the checks a bulk read
@@ -404,6 +415,30 @@ int lio_index_adopt(lio_index **out, const lio_meta *snap,
 int lio_index_build_part(lio_index **out, lio_env *env, const lio_meta *snap,
                          const lio_dbrec *db, const lio_executor *ex,
                          int from_end, uint64_t need, lio_error *err);
+/* An index with every leaf of the tree known (the branch levels read,
+ * the leaf list checked) and none counted: bulk reads count leaves as they
+ * need them (lio_bulk_extend), so that an epoch in key order reads each
+ * leaf once instead of once for the index and once for its records. */
+int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
+                    const lio_dbrec *db, const lio_executor *ex,
+                    lio_error *err);
+/* Whether some leaves of a begun index are not counted yet. */
+int lio_index_pending(const lio_index *idx);
+/* Whether the counted leaves hold ordinal `ord`. */
+int lio_index_holds(const lio_index *idx, uint64_t ord);
+/* Count the next k leaves of a begun index (leaves nleaves..nleaves+k-1,
+ * read into pages[0..k) in key order), checking each header as a build
+ * does, and their record-map entries.  Stops without an error at a leaf
+ * that fails once the counted leaves hold ordinal `need`; fails with that
+ * leaf's error before.  Once the last leaf is counted the total must be
+ * the database record's. */
+int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
+                         const uint8_t *pages, uint64_t k, uint64_t need,
+                         lio_error *err);
+/* The record map a begun build made, once whole (NULL: none, or not whole
+ * yet): *n entries, owned by the index. */
+const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n);
+
 /* The leaf holding ordinal `ord` (first[0] <= ord < first[nleaves]):
  * O(log leaves). */
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord);
@@ -449,6 +484,14 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
                           const lio_batch_out *out);
 /* Bytes of leaf pages the last prepare read (each distinct leaf once). */
 uint64_t lio_bulk_leaf_bytes(const lio_bulk *b);
+/* Count leaves of a begun index (lio_index_begin; the one the reader was
+ * opened with) until they hold ordinal `need` (or all of them), reading
+ * them through the reader's executor in rounds sized from the records a
+ * leaf holds so far; the leaves read stay with the reader (keep) so that
+ * the next lio_bulk_prepare takes them instead of reading them again.
+ * The caller serializes extensions of one index (other readers of it may
+ * prepare meanwhile). */
+int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
 
 /* Cache policy for executors that have one (advise != NULL).
  * region > 0: a prepare whose leaves fill at least min_pages pages of an

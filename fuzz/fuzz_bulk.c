@@ -6,7 +6,8 @@
  * with a record map as a cache file could carry one: the built map with
  * entries replaced, flipped or cleared by the input's bytes (a map is
  * input: lio_index_set_map must refuse what would read outside a page,
- * and the reads must stay inside the batch). */
+ * and the reads must stay inside the batch).  Before the build, the same
+ * tree counted by its reads (counted_db). */
 #include "fuzz_common.h"
 
 static volatile unsigned sink;
@@ -103,6 +104,44 @@ static void damaged_map(lio_env *env, const lio_meta *snap,
     lio_index_free(idx);
 }
 
+/* A begun index (lio_index_begin): windows in key order count the leaves
+ * as they read them (lio_bulk_extend, with the leaves kept for the next
+ * prepare), then the rest is counted at once, and its map is checked as a
+ * cached one would be. */
+static void counted_db(lio_env *env, const lio_meta *snap,
+                       const lio_dbrec *db, lio_executor *ex, size_t step)
+{
+    lio_index *idx;
+    lio_bulk *b;
+    lio_error err;
+    int64_t ords[64];
+    uint64_t n = db->entries, nm = 0;
+    const uint64_t *m;
+    if (lio_index_begin(&idx, env, snap, db, ex, &err))
+        return;
+    if (lio_bulk_open(&b, env, snap, db, idx, ex, &err) == 0) {
+        lio_bulk_set_policy(b, 4096, 3 * 4096);
+        for (uint64_t at = 0; at < n && at < 4096; at += step) {
+            size_t k = 0;
+            for (uint64_t o = at; o < n && o < at + step && k < 64; o++)
+                ords[k++] = (int64_t)o;
+            if (!k || lio_bulk_extend(b, idx, (uint64_t)ords[k - 1], 1))
+                break;
+            read_some(b, ords, k, (int)(at & 1));
+        }
+        if (lio_bulk_extend(b, idx, n ? n - 1 : 0, 0) == 0 &&
+            (m = lio_index_built_map(idx, &nm)) != NULL) {
+            uint64_t *copy = malloc((nm ? nm : 1) * sizeof *copy);
+            if (copy) {
+                memcpy(copy, m, nm * sizeof *copy);
+                lio_index_set_map(idx, lio_env_psize(env), copy, nm, &err);
+            }
+        }
+        lio_bulk_close(b);
+    }
+    lio_index_free(idx);
+}
+
 static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                     lio_executor *ex, const uint8_t *data, size_t size)
 {
@@ -128,6 +167,7 @@ static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
             lio_index_free(idx);
         }
     }
+    counted_db(env, snap, db, ex, 1 + (size ? data[size - 1] % 63 : 0));
     if (lio_index_build(&idx, env, snap, db, ex, &err))
         return;
     n = idx->first[idx->nleaves];
