@@ -411,6 +411,16 @@ def value_of(i: int, size: int) -> bytes:
     return (unit * (size // len(unit) + 1))[:size]
 
 
+def write_sized(path, sizes: Sequence[int], order=None
+                ) -> List[Tuple[bytes, bytes]]:
+    """Records r000000, r000001, ... with values of these sizes (value_of),
+    put in key order or in `order` (a permutation of their positions);
+    returns them in key order."""
+    items = [(b"r%06d" % i, value_of(i, s)) for i, s in enumerate(sizes)]
+    write_items(path, items if order is None else [items[i] for i in order])
+    return items
+
+
 def sample_ops(spec: DBSpec, n_keys: int = 200, dups: int = 3, big_every: int = 0,
                big_size: int = 3 * OS_PAGE_SIZE, delete_every: int = 0) -> List[Op]:
     """Deterministic put/delete ops for `spec`: n_keys keys, `dups` values per

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
-from lmdb_fixtures import LmdbFile, patch, value_of, write_items
+from lmdb_fixtures import LmdbFile, patch, write_sized
 
 try:
     import lmdbio
@@ -39,13 +39,6 @@ PAGE = 4096
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-
-
-def write(path, sizes, order=None):
-    items = [(b"r%06d" % i, value_of(i, s)) for i, s in enumerate(sizes)]
-    put = items if order is None else [items[i] for i in order]
-    write_items(path, put)
-    return items
 
 
 def epoch(path, held, **kw):
@@ -79,7 +72,7 @@ def test_held_leaves_read_what_the_leaf_path_reads(sizes, scattered, bs,
     with tempfile.TemporaryDirectory() as tmp:
         order = np.random.default_rng(seed).permutation(len(sizes)) \
             if scattered else None
-        items = write(tmp, sizes, order)
+        items = write_sized(tmp, sizes, order)
         kw = dict(batch_size=bs, keys=keys, seed=seed)
         held, was_held = epoch(tmp, True, **kw)
         plain, not_held = epoch(tmp, False, **kw)
@@ -108,7 +101,7 @@ def test_held_leaves_are_not_read_again(tmp_path):
     """With the leaves held a window reads no leaf (its leaf bytes: 0);
     without, a shuffled window reads most of them."""
     path = str(tmp_path)
-    items = write(path, [3000] * 3000)
+    items = write_sized(path, [3000] * 3000)
     f = _bulk(path)
     try:
         ords = np.random.default_rng(1).permutation(len(items))[:640]
@@ -135,9 +128,9 @@ def test_leaves_are_held_only_where_they_pay(tmp_path):
     leaves already), not when the leaves are more than a quarter of the file
     or more than the budget, and not for an in-order epoch."""
     cifar, mnist, small = (str(tmp_path / d) for d in ("c", "m", "s"))
-    write(cifar, [3000] * 2000)
-    write(mnist, [800] * 2000)      # <= 8 a leaf: a record map
-    write(small, [100] * 2000)      # the leaves are the file
+    write_sized(cifar, [3000] * 2000)
+    write_sized(mnist, [800] * 2000)      # <= 8 a leaf: a record map
+    write_sized(small, [100] * 2000)      # the leaves are the file
     for path, want in ((cifar, True), (mnist, False), (small, False)):
         assert epoch(path, True, batch_size=64)[1] == want, path
     assert not epoch(cifar, False, batch_size=64)[1]
@@ -157,7 +150,7 @@ def test_a_damaged_leaf_fails_the_batch_that_needs_it(tmp_path):
     first that needs one of its records arrives intact, then that batch
     raises naming the page, as when windows read the leaves."""
     path = str(tmp_path)
-    items = write(path, [3000] * 2000)
+    items = write_sized(path, [3000] * 2000)
     lf = LmdbFile(path)
     ordinal = {k: i for i, (k, _) in enumerate(items)}
     leaf = lf.leaves()[len(lf.leaves()) // 2]

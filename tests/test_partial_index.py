@@ -108,16 +108,23 @@ def test_partial_and_whole_cache_entries(db, tmp_path):
     with lmdbio.Reader(db, rank=0, world_size=8, index_cache=cache) as r:
         assert not r.index_from_cache          # another share, built anew
     with lmdbio.Reader(db, index_cache=cache) as r:
-        assert not r.index_from_cache          # the whole index, saved
+        assert not r.index_from_cache          # the whole index, counted by
+        assert sum(len(b) for b in r) == N     # an epoch and saved
     with lmdbio.Reader(db, rank=3, world_size=8, index_cache=cache) as r:
         assert r.index_from_cache
         assert r._file.index_range == (0, N)   # the whole one is preferred
 
 
 def test_shuffled_and_single_rank_index_everything(db):
-    for kw in (dict(rank=7, world_size=8, shuffle=True), {}):
-        with lmdbio.Reader(db, index_cache=False, **kw) as r:
-            assert r._file.index_range == (0, N)
+    """A shuffled rank builds the whole index at open; one rank in key
+    order counts it as its first epoch reads the leaves."""
+    with lmdbio.Reader(db, index_cache=False, rank=7, world_size=8,
+                       shuffle=True) as r:
+        assert r._file.index_range == (0, N)
+    with lmdbio.Reader(db, index_cache=False) as r:
+        assert r._file.index_range == (0, 0) and r._file.index_pending
+        assert sum(len(b) for b in r) == N
+        assert r._file.index_range == (0, N) and not r._file.index_pending
 
 
 def test_a_damaged_leaf_in_the_run_is_caught(db, tmp_path):

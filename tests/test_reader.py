@@ -1359,7 +1359,8 @@ path, bs, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 out = {"records": 0, "batches": 0}
 t0 = time.time()
 try:
-    r = lmdbio.Reader(path, batch_size=bs, index_cache=(mode == "cached"))
+    r = lmdbio.Reader(path, batch_size=bs, index_cache=(mode == "cached"),
+                      shuffle=(mode == "shuffle"))
     if mode == "read":
         r.read(json.loads(sys.argv[5]))
     else:
@@ -1413,7 +1414,10 @@ def _assert_mid_epoch(out, cls, page, total):
                                     "leaf-bounds"])
 def test_corrupt_found_at_open(tmp_path, damage):
     """Damage on the index's path (branch pages, leaf headers) is found by
-    Reader() itself, as a subclass of lmdbio.Error naming the page."""
+    Reader() itself, as a subclass of lmdbio.Error naming the page, when it
+    builds the whole index first (a shuffled epoch); an epoch in key order
+    counts the leaves as it reads them, so a damaged leaf header fails the
+    batch that needs it, after every batch before it."""
     f = _env_with_overflow(tmp_path, n=3000)
     assert f.meta.main_db.depth >= 2
     leaf = _late(f.leaves(), lambda p: p.nodes[0].key)
@@ -1429,11 +1433,17 @@ def test_corrupt_found_at_open(tmp_path, damage):
     else:
         patch_page_header(data_file(tmp_path), leaf.pgno, f.psize, lower=9)
         page, cls = leaf.pgno, "CorruptedError"
-    out = run_corrupt(str(tmp_path))
+    out = run_corrupt(str(tmp_path), mode="shuffle")
     assert out["exc"] == cls, out
     assert "page %d" % page in out["msg"], out["msg"]
     assert out["records"] == 0
     assert "lmdbio-prefetch" not in out["threads"]
+    out = run_corrupt(str(tmp_path))
+    if damage == "branch-past-file":   # the branch levels: read at open
+        assert out["exc"] == cls and out["records"] == 0, out
+        assert "page %d" % page in out["msg"], out["msg"]
+    else:
+        _assert_mid_epoch(out, cls, page, 3000)
 
 
 def test_corrupt_leaf_node_offset_mid_epoch(tmp_path):

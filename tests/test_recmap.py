@@ -47,6 +47,15 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
+def whole_index(path, **kw):
+    """(leaves, first, map) of the whole index, saved to the cache the way
+    a first start in key order saves it: after an epoch has counted every
+    leaf."""
+    with lmdbio.Reader(path, **kw) as r:
+        assert sum(len(b) for b in r) == r.total_records
+        return (*r._file.index_arrays(), r._file.index_recmap())
+
+
 def open_file(path, db=None, recmap=True):
     """A BulkFile with the built index (and its record map, if the tree
     gets one), or with the same index adopted without a map (leaf path)."""
@@ -207,8 +216,8 @@ def test_map_skips_the_leaves(tmp_path):
     idx = np.arange(0, 600, 37)
     need = sum(len(items[i][0]) + len(items[i][1]) for i in idx)
     with lmdbio.Reader(path, index_cache=False, storage=(0, 1e9)) as r:
+        r.read(idx[:1])           # the index counted, first-use costs paid
         assert r._file.index_recmap() is not None
-        r.read(idx[:1])           # threads started, first-use costs paid
         s0, c0, (q0, b0) = read_syscalls(), read_bytes(), r.io_stats()
         got = r.read(idx)
         s1, c1, (q1, b1) = read_syscalls(), read_bytes(), r.io_stats()
@@ -236,6 +245,7 @@ def test_map_without_keys_reads_only_values(tmp_path):
     idx = np.arange(5, 600, 41)
     with lmdbio.Reader(path, index_cache=False, keys=False,
                        storage=(0, 1e9)) as r:
+        r.read([0])   # the first read() counts the whole index
         q0, b0 = r.io_stats()
         got = r.read(idx)
         q1, b1 = r.io_stats()
@@ -289,6 +299,7 @@ def test_shuffled_window_reads_records_of_sparse_leaves(tmp_path):
     path = str(tmp_path)
     items = scattered(path, n=3000)
     with lmdbio.Reader(path, index_cache=False, storage=(0, 1e9)) as r:
+        r.read([0])   # the first read() counts the whole index
         first = r._file.index_arrays()[1]
         ords = np.random.default_rng(2).permutation(3000)[:300]
         q0, b0 = r.io_stats()
@@ -345,8 +356,7 @@ def test_damaged_cached_map_is_a_clear_error(tmp_path, damage):
     path = str(tmp_path / "db")
     os.makedirs(path)
     scattered(path)
-    with lmdbio.Reader(path) as r:
-        leaves, first = r._file.index_arrays()
+    leaves, first, _ = whole_index(path)
     (cache,) = cache_files(tmp_path)
     rec = 123
     leaf = int(np.searchsorted(first, rec, side="right") - 1)
@@ -391,8 +401,7 @@ def test_overlapping_map_entries_fail_at_read(tmp_path):
     path = str(tmp_path / "db")
     os.makedirs(path)
     items = scattered(path)
-    with lmdbio.Reader(path) as r:
-        leaves, first = r._file.index_arrays()
+    leaves, first, _ = whole_index(path)
     (cache,) = cache_files(tmp_path)
     # the first two records of one leaf
     leaf = next(i for i in range(len(leaves)) if first[i + 1] - first[i] >= 2)
@@ -415,8 +424,7 @@ def test_old_cache_format_is_rebuilt(tmp_path):
     path = str(tmp_path / "db")
     os.makedirs(path)
     items = scattered(path)
-    with lmdbio.Reader(path) as r:
-        leaves, first = r._file.index_arrays()
+    leaves, first, _ = whole_index(path)
     (cache,) = cache_files(tmp_path)
     head = np.load(cache)[:9].copy()
     head[1] = 3
@@ -447,8 +455,8 @@ def test_damaged_leaf_keeps_its_records_on_the_leaf_path(tmp_path):
     with open(lf.path, "r+b") as fh:   # first node pointer into the header
         fh.seek(leaf.pgno * lf.psize + 16)
         fh.write((2).to_bytes(2, "little"))
-    with lmdbio.Reader(path, index_cache=False) as r:
-        m = r._file.index_recmap()
+    with lmdbio.Reader(path, index_cache=False, shuffle=True) as r:
+        m = r._file.index_recmap()          # (built at open when shuffled)
         leaves, first = r._file.index_arrays()
         i = list(leaves).index(leaf.pgno)
         assert not m[first[i]:first[i + 1]].any()
@@ -541,9 +549,8 @@ def test_map_is_loaded_only_by_a_start_that_reads_with_it(tmp_path):
     path = str(tmp_path / "db")
     os.makedirs(path)
     items = scattered(path)
-    with lmdbio.Reader(path) as r:
-        m = r._file.index_recmap()
-        assert m is not None                  # built with the index
+    m = whole_index(path)[2]
+    assert m is not None                      # built with the index
     with lmdbio.Reader(path) as r:
         assert r.index_from_cache
         assert r._file.index_recmap() is None   # not loaded
@@ -574,8 +581,7 @@ def test_open_reads_only_the_index_part_of_the_cache(tmp_path):
     path = str(tmp_path / "db")
     os.makedirs(path)
     items = scattered(path)
-    with lmdbio.Reader(path) as r:
-        assert r._file.index_recmap() is not None
+    assert whole_index(path)[2] is not None
     (cache,) = cache_files(tmp_path)
     size = os.path.getsize(cache)
     with open(cache, "r+b") as f:

@@ -98,10 +98,11 @@ def test_model_counts_equal_reader_counters(dbs, name, shuffle):
     one = dataclasses.replace(win, window_bytes=0)  # every window one batch
     per_batch = dataclasses.replace(win, unit="batch")
     for P in (1, 2, 4):
-        job = sm.Job(P=P, batch_size=bs, shuffle=shuffle)
+        # (index_cache=False below: every start is a first start)
+        job = sm.Job(P=P, batch_size=bs, shuffle=shuffle, index_cached=False)
         for rank in range(P):
             mapped = sm.reader_has_map(lay, job, rank)
-            idx = sm.index_build(lay, 1, 0, mapped)
+            idx = sm.reader_open(lay, job, rank)
             kw = dict(batch_size=bs, rank=rank, world_size=P, shuffle=shuffle,
                       index_cache=False)
             # prefetch_bytes=1: the Reader's windows stay one batch each

@@ -13,6 +13,8 @@ from cpython.buffer cimport PyBUF_WRITABLE
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
+import threading
+
 import numpy as np
 
 from lmdbio.errors import make_error
@@ -163,6 +165,7 @@ cdef class BulkFile:
     cdef readonly bint has_db
     cdef object executor           # a Python executor (MPI-IO), or None
     cdef object executor_error
+    cdef object _grow_lock         # one extension of a begun index at a time
 
     def __cinit__(self, str path, bint direct=False, unsigned threads=4,
                   size_t cache_bytes=4 << 20, executor=None):
@@ -171,6 +174,7 @@ cdef class BulkFile:
         cdef bytes bpath = path.encode()
         cdef const char *cpath = bpath
         self.path = path
+        self._grow_lock = threading.Lock()
         with nogil:
             rc = lio_posix_open(&self.posix, cpath, direct, &err)
         if rc:
@@ -300,6 +304,58 @@ cdef class BulkFile:
         self._open_bulk()
         return self.idx.pages_read
 
+    def begin_index(self):
+        """An index whose leaves are counted as reads need them (from the
+        same reads): an epoch in key order then reads each leaf once.
+        index_pending until every leaf is counted (finish_index)."""
+        cdef lio_error err
+        cdef int rc
+        self._drop_index()
+        with nogil:
+            rc = lio_index_begin(&self.idx, self.env, &self.snap, &self.db,
+                                 &self.posix_ex, &err)
+        if rc:
+            raise _error(self.path, &err)
+        self._open_bulk()
+
+    @property
+    def index_pending(self):
+        """Whether a begun index (begin_index) has leaves not counted."""
+        return self.idx != NULL and lio_index_pending(self.idx) != 0
+
+    @property
+    def tree_leaves(self):
+        """The tree's leaves (those of a partial index: its own)."""
+        if self.idx == NULL:
+            return 0
+        return self.idx.tree_leaves if self.idx.tree_leaves else \
+            self.idx.nleaves
+
+    cdef _extend(self, lio_bulk *b, uint64_t need, bint keep):
+        """Count a begun index's leaves through ordinal `need` with batch
+        reader b (one extension at a time; b keeps what it read)."""
+        cdef int rc
+        if lio_index_holds(self.idx, need):
+            return   # (without waiting for another lane's extension)
+        with self._grow_lock:
+            if not lio_index_pending(self.idx):
+                return
+            with nogil:
+                rc = lio_bulk_extend(b, self.idx, need, keep)
+            if rc:
+                raise self._step_error(lio_bulk_error(b))
+
+    def extend_index(self, uint64_t need, int lane=0):
+        """Count a begun index's leaves through ordinal `need` with lane
+        `lane`'s batch reader, which keeps them for its next window."""
+        if self.idx != NULL and lio_index_pending(self.idx):
+            self._extend(self._independent(lane), need, True)
+
+    def finish_index(self):
+        """Count every leaf a begun index has not counted yet."""
+        if self.idx != NULL and lio_index_pending(self.idx):
+            self._extend(self.bulk, self.db.entries, False)
+
     def build_index_part(self, bint from_end, uint64_t need):
         """An index of just the leaves holding the first `need` records
         (from_end: the last `need`), counted from that end of the tree."""
@@ -418,13 +474,21 @@ cdef class BulkFile:
     def index_recmap(self):
         """A copy of the index's record map (where each record sits in its
         leaf), or None when the index has none."""
-        if self.idx == NULL or self.idx.recmap == NULL:
+        cdef uint64_t n = 0
+        cdef const uint64_t *m = NULL
+        if self.idx == NULL:
             return None
-        cdef uint64_t n = self.idx.first[self.idx.nleaves] - self.idx.first[0]
+        if self.idx.recmap != NULL:
+            m = self.idx.recmap
+            n = self.idx.first[self.idx.nleaves] - self.idx.first[0]
+        else:   # a begun index's, once whole
+            m = lio_index_built_map(self.idx, &n)
+        if m == NULL:
+            return None
         out = np.empty(n, dtype=np.uint64)
         cdef uint64_t[::1] o = out
         if n:
-            memcpy(&o[0], self.idx.recmap, n * sizeof(uint64_t))
+            memcpy(&o[0], m, n * sizeof(uint64_t))
         return out
 
     def index_arrays(self):
@@ -455,7 +519,7 @@ cdef class BulkFile:
         max_bytes and the index has no record map (which reads records
         without their leaves already).  Whether they are held."""
         cdef int rc
-        if self.idx == NULL:
+        if self.idx == NULL or lio_index_pending(self.idx):
             return False
         if self.idx.leafmem != NULL:
             return True
@@ -606,6 +670,8 @@ cdef class BulkFile:
         if nb == 0 or <size_t>ev[nb - 1] != n:
             raise ValueError('batch ends must finish at the window length')
         b = self._independent(lane) if independent else self.bulk
+        if n and lio_index_pending(self.idx):
+            self._extend(b, <uint64_t>max(0, int(np.max(ords))), True)
         with nogil:
             rc = lio_bulk_prepare(b, optr, n, &kb, &vb)
             leaf_bytes = lio_bulk_leaf_bytes(b)

@@ -203,6 +203,7 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t pages_read
         uint64_t *recmap
         uint8_t *leafmem
+        uint64_t tree_leaves
     ctypedef struct lio_pool:
         pass
     ctypedef struct lio_bulk:
@@ -240,6 +241,12 @@ cdef extern from "lmdbio.h" nogil:
                               const lio_dbrec *db, const lio_executor *ex)
     int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,
                           uint64_t n, lio_error *err)
+    int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
+                        const lio_dbrec *db, const lio_executor *ex,
+                        lio_error *err)
+    int lio_index_pending(const lio_index *idx)
+    int lio_index_holds(const lio_index *idx, uint64_t ord)
+    const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n)
 
     int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
                       const lio_dbrec *db, const lio_index *idx,
@@ -250,6 +257,7 @@ cdef extern from "lmdbio.h" nogil:
                       uint8_t *vdata, int64_t *voff)
     const lio_error *lio_bulk_error(const lio_bulk *b)
     void lio_bulk_close(lio_bulk *b)
+    int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
     void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
     void lio_bulk_set_collective(lio_bulk *b, int on)
     ctypedef struct lio_batch_out:

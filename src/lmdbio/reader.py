@@ -421,6 +421,10 @@ class _Parts:
             out.append(tuple(res))
         return out, leaf_bytes
 
+    # Each part's own read counts its begun index as it needs (under that
+    # file's lock): no turns to take across parts.
+    index_pending = False
+
     def stats(self):
         reqs = nbytes = 0
         for r in self.readers:
@@ -568,6 +572,7 @@ class Reader:
         self._lane_locks = (self._io_lock, threading.Lock())
         self._recmap_pending = None  # a cached record map not yet loaded
         self._leaves_tried = False   # _random_access asked for the leaves
+        self._unsaved_index = None   # a begun index's save, once whole
         self._workers = []
         self._env = self._txn = None
         self._file = None
@@ -830,8 +835,43 @@ class Reader:
             self._file.build_index_part(*part)
             save(*self._file.index_arrays(), path=ppath)
             return
+        if not self.shuffle:
+            # An epoch in key order counts the leaves as its windows read
+            # them (one read of each leaf, not one for the index and one
+            # for the records); the index is saved once every leaf is
+            # counted.  A shuffled epoch needs all of it first.
+            self._file.begin_index()
+            self._unsaved_index = save
+            self._save_if_whole()
+            return
         self._file.build_index()
         save(*self._file.index_arrays(), self._file.index_recmap())
+
+    def _save_if_whole(self):
+        """Save a begun index (_load_index) once every leaf is counted."""
+        if self._parts is not None:
+            for r in self._parts:
+                r._save_if_whole()
+            return
+        save, f = self._unsaved_index, self._file
+        if save is None or f is None or f.index_pending:
+            return
+        self._unsaved_index = None
+        save(*f.index_arrays(), f.index_recmap())
+
+    def _finish_index(self):
+        """Count the rest of a begun index before reads in random order
+        (read(), which a map-style dataset makes): they need all of it,
+        with the record map a cached index would bring them."""
+        f = self._file
+        if f is None or not f.index_pending:
+            return
+        with self._lane_locks[0], self._lane_locks[1]:
+            f.finish_index()
+            recmap = f.index_recmap()
+            if recmap is not None:
+                f.set_recmap(recmap)
+        self._save_if_whole()
 
     def _adopt_recmap(self):
         """Give the index the record map its cache file holds (once).  A
@@ -866,6 +906,8 @@ class Reader:
             for r in self._parts:
                 r._random_access()
             return
+        if self._coll is None:
+            self._finish_index()
         self._adopt_recmap()
         if self._leaves_tried or self._file is None or self._coll is not None:
             return
@@ -880,6 +922,9 @@ class Reader:
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
         read() asks for ordinals least..most past it."""
+        if self._file.index_pending:
+            self._finish_index()
+            return
         lo, end = self._file.index_range
         if least < lo or most >= end:
             with self._lane_locks[0], self._lane_locks[1]:
@@ -1268,6 +1313,7 @@ class Reader:
         if self.shuffle:
             self._random_access()
         yield from self._iter_windows(total, start * self.batch_size)
+        self._save_if_whole()
 
     def _window_batches(self, ordinals, lane=0):
         """The batches of one window, read together (leaves once each,
@@ -1317,6 +1363,8 @@ class Reader:
                     continue
                 lo, end = f.index_range   # (a partial index: its leaves)
                 per_leaf = (end - lo) / max(1, f.num_leaves)
+                if f.index_pending:   # (counted so far: a few, or none)
+                    per_leaf = f.entries / max(1, f.tree_leaves)
                 need = 1 - (1 - min(share, 1.0)) ** per_leaf
                 f.set_cache(region, 1 if need >= 1 / 16 else 16,
                             self.cache == 'drop')
@@ -1338,7 +1386,7 @@ class Reader:
         cond = threading.Condition()
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
-              'running': lanes, 'ahead': lanes}
+              'running': lanes, 'ahead': lanes, 'turn': 1}
 
         def claim():
             with cond:
@@ -1359,6 +1407,29 @@ class Reader:
             with cond:
                 st['done'][seq] = (batches, exc)
                 cond.notify_all()
+
+        def count_in_turn(seq, ordinals, lane):
+            """A begun index counts its leaves window after window, in
+            order (each lane's window then finds its own leaves read), while
+            the other lane copies out the window before."""
+            def counting():
+                f = self._file
+                return f is not None and f.index_pending
+
+            with cond:   # (a window before may count the last leaf)
+                while st['turn'] != seq and not stop.is_set() and counting():
+                    cond.wait(0.1)
+            try:
+                with self._lane_locks[lane]:
+                    f = self._file
+                    if f is not None and f.index_pending:
+                        f.extend_index(int(ordinals.max()), lane)
+            except Error:
+                pass   # the window's own read raises it at the right batch
+            finally:
+                with cond:
+                    st['turn'] = max(st['turn'], seq + 1)
+                    cond.notify_all()
 
         def grow(batches, leaf_bytes, nrec):
             """Size the next windows from what this one cost."""
@@ -1398,6 +1469,9 @@ class Reader:
                                     self._file.advise(self._window_ordinals(
                                         start + nrec, ahead), lane)
                         ordinals = self._window_ordinals(start, start + nrec)
+                        f = self._file
+                        if f is not None and f.index_pending:
+                            count_in_turn(seq, ordinals, lane)
                         batches, leaf_bytes = self._window_batches(ordinals,
                                                                    lane)
                         if batches is None:  # damaged: batch by batch
@@ -1480,6 +1554,7 @@ class Reader:
             _stop_worker(worker)
         self._workers = []
         if self._file is not None:
+            self._save_if_whole()   # an epoch left after its last window
             with self._lane_locks[0], self._lane_locks[1]:
                 self._file.close()
                 self._file = None

@@ -1,0 +1,184 @@
+"""A first start in key order counts the leaves as its windows read them.
+
+With no cached index, a Reader that reads in key order (no shuffle, a whole
+index) does not read every leaf at open to count it: it reads the branch
+levels, and each window counts the leaves it reads for its records (one
+read of each leaf instead of two).  That path must return exactly what a
+start with the index built first returns and what py-lmdb says, on every
+database flag combination; it must really read each leaf about once; the
+index it saves once every leaf is counted must be the one a build at open
+saves, record map included; an epoch left early saves nothing and leaves no
+thread; read() counts the rest first; a damaged leaf fails the batch that
+needs it after every batch before it (tests/test_reader.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import require_lmdbio
+from lmdb_fixtures import (FLAG_COMBOS, make_all_flags_env, read_all_pylmdb,
+                           write_items, write_sized)
+
+try:
+    import lmdbio
+    from lmdbio import reader as reader_mod
+except Exception as exc:  # pragma: no cover - a broken build
+    if require_lmdbio():
+        raise
+    pytest.skip("lmdbio cannot be imported: %r" % (exc,), allow_module_level=True)
+
+
+def epoch(path, cache, **kw):
+    """(batches as lists, index from the cache, bytes read) of one epoch."""
+    with lmdbio.Reader(path, index_cache=cache, **kw) as r:
+        got = [(b.indices.tolist(),
+                None if b.keys is None else b.keys.tolist(),
+                b.values.tolist()) for b in r]
+        return got, r.index_from_cache, r.io_stats()[1]
+
+
+def cached_index(cache):
+    """(leaves, first, map) of the one index file in `cache`."""
+    (path,) = glob.glob(os.path.join(cache, "*.npy"))
+    leaves, first, pending = reader_mod._load_index_file(
+        path, np.load(path)[:9])
+    return leaves, first, \
+        None if pending is None else reader_mod._read_recmap(pending)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 10, 300, 800, 2100, 4080, 9000]),
+                      min_size=1, max_size=900),
+       scattered=st.booleans(), bs=st.sampled_from([1, 7, 64, 1000]),
+       prefetch=st.sampled_from([1, 64 << 10, 64 << 20]),
+       keys=st.booleans(), seed=st.integers(0, 3))
+def test_first_start_reads_what_a_built_index_reads(sizes, scattered, bs,
+                                                    prefetch, keys, seed):
+    with tempfile.TemporaryDirectory() as tmp:
+        order = np.random.default_rng(seed).permutation(len(sizes)) \
+            if scattered else None
+        items = write_sized(tmp, sizes, order)
+        kw = dict(batch_size=bs, prefetch_bytes=prefetch, keys=keys)
+        first, from_cache, _ = epoch(tmp, os.path.join(tmp, "c1"), **kw)
+        assert not from_cache
+        later, from_cache, _ = epoch(tmp, os.path.join(tmp, "c1"), **kw)
+        assert from_cache and later == first
+        # the index saved by the first start is the one a build at open
+        # (a shuffled start) saves, record map included
+        with lmdbio.Reader(tmp, shuffle=True,
+                           index_cache=os.path.join(tmp, "c2")):
+            pass
+        a, b = cached_index(os.path.join(tmp, "c1")), \
+            cached_index(os.path.join(tmp, "c2"))
+        for x, y in zip(a, b):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert np.array_equal(x, y)
+    want = [(k, v) for k, v in items]
+    got = [(k, v) for ind, ks, vs in first
+           for k, v in zip(ks or [b""] * len(vs), vs)]
+    assert [v for _, v in got] == [v for _, v in want]
+    if keys:
+        assert [k for k, _ in got] == [k for k, _ in want]
+    assert [i for ind, _, _ in first for i in ind] == list(range(len(items)))
+
+
+@pytest.mark.parametrize("name", [s.id.encode() for s in FLAG_COMBOS])
+def test_every_flag_combination(tmp_path, name):
+    path = str(tmp_path / "env")
+    os.makedirs(path)
+    make_all_flags_env(path, n_keys=150, dups=4)
+    want = read_all_pylmdb(path, names=[name])[name]
+    for cache in (str(tmp_path / "c"), str(tmp_path / "c")):  # first, later
+        with lmdbio.Reader(path, db=name, batch_size=16,
+                           index_cache=cache) as r:
+            got = [(k, v) for b in r
+                   for k, v in zip(b.keys.tolist(), b.values.tolist())]
+        assert got == want
+
+
+def test_each_leaf_is_read_about_once(tmp_path):
+    """The first start's epoch reads about what a later start's reads (its
+    windows' leaves, a few re-read at window edges), where building the
+    index first had read every leaf twice."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    write_sized(path, [700] * 20000)
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    cache = str(tmp_path / "c")
+    _, _, first = epoch(path, cache)
+    _, from_cache, later = epoch(path, cache)
+    assert from_cache
+    assert later <= first < 1.1 * later, (first, later)
+    assert first < 1.2 * size
+
+
+def test_reads_are_the_same_every_time(tmp_path):
+    """The windows count their leaves in window order (two lanes): a first
+    start with windows of one batch each (prefetch_bytes=1; larger windows
+    grow with the order in which the lanes finish) reads the same requests
+    every time."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    write_sized(path, [300, 2100, 9000, 10] * 3000)
+    for bs in (16, 64):
+        seen = set()
+        for _ in range(4):
+            with lmdbio.Reader(path, batch_size=bs, prefetch_bytes=1,
+                               index_cache=False) as r:
+                n = sum(len(b) for b in r)
+                seen.add(r.io_stats())
+        assert n == 12000 and len(seen) == 1, seen
+
+
+def test_epoch_left_early_saves_nothing(tmp_path):
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = write_sized(path, [500] * 5000)
+    cache = str(tmp_path / "c")
+    with lmdbio.Reader(path, batch_size=100, index_cache=cache) as r:
+        for i, b in enumerate(r):
+            if i == 3:
+                break
+        assert r._file.index_pending
+    assert not glob.glob(os.path.join(cache, "*.npy"))
+    assert not [t for t in __import__("threading").enumerate()
+                if t.name == "lmdbio-prefetch"]
+    # the next start is a first start again, and complete
+    got, from_cache, _ = epoch(path, cache, batch_size=100)
+    assert not from_cache
+    assert [v for _, _, vs in got for v in vs] == [v for _, v in items]
+    assert glob.glob(os.path.join(cache, "*.npy"))
+
+
+def test_read_counts_the_rest_first(tmp_path):
+    """read() after part of an epoch (or before any) needs the whole index:
+    it counts the rest, and reads the right records."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = write_sized(path, [500] * 5000)
+    with lmdbio.Reader(path, batch_size=100, index_cache=False) as r:
+        it = iter(r)
+        assert next(it).values.tolist() == [v for _, v in items[:100]]
+        picks = [4999, 0, 2500, 101]
+        assert r.read(picks).values.tolist() == [items[i][1] for i in picks]
+        assert not r._file.index_pending
+        assert r._file.index_recmap() is not None   # as a cached start has
+        rest = [v for b in it for v in b.values.tolist()]
+        assert rest == [v for _, v in items[100:]]
+
+
+def test_empty_tree(tmp_path):
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    write_items(path, [])
+    with lmdbio.Reader(path, index_cache=str(tmp_path / "c")) as r:
+        assert list(r) == [] and len(r) == 0
