@@ -68,6 +68,8 @@ INDEX_CHUNK_BYTES = 8 << 20   # csrc/index.c CHUNK_BYTES: whole pages per round
 INDEX_READ_MAX = 1 << 20      # csrc/index.c COUNT_READ_MAX: leaf-level requests
 LEAVES_HELD = 128 << 20       # lmdbio.reader._LEAVES_HELD
 LOAD_CHUNK = 2048             # csrc/index.c: leaves per round of holding them
+EXTEND_ROUND = 8 << 20        # csrc/bulk.c: bytes of leaves a counting round
+EXTEND_KEPT = 32 << 20        # csrc/bulk.c: counted leaves kept for a window
 RECMAP_PER_LEAF = 8           # csrc/lmdbio.h LIO_RECMAP_PER_LEAF
 NODEHDRSZ = 8
 FUSE_MAX_REQUEST = 128 << 10  # libfuse 2: the kernel splits reads to this
@@ -371,11 +373,13 @@ def mapped_records(layout, ords):
     return (2 * cnt <= per_leaf)[inv] & (layout.ovpg[ords] == 0)
 
 
-def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False):
+def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
+              counted=(0, 0)):
     """The reads of one Reader step (a batch, or a window): leaves (none
-    when the Reader holds them: held), then overflow runs and (mapped: the
-    index keeps the record map) the records read straight from sparse
-    leaves, in one plan.  Returns (leaf reads, overflow and record
+    when the Reader holds them: held; none of the leaves counted=(lo, hi)
+    that the step's counting read just before), then overflow runs and
+    (mapped: the index keeps the record map) the records read straight from
+    sparse leaves, in one plan.  Returns (leaf reads, overflow and record
     reads)."""
     ps = layout.psize
     ords = np.asarray(ordinals, dtype=np.int64)
@@ -387,6 +391,7 @@ def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False):
                                        side="right") - 1)
     if held:
         leaves = leaves[:0]
+    leaves = leaves[(leaves < counted[0]) | (leaves >= counted[1])]
     pg = layout.leaf_pgno[leaves].astype(np.int64)
     order = np.argsort(pg, kind="stable")   # read by page; slot by key order
     pg, slots = pg[order], order
@@ -559,6 +564,56 @@ def reader_holds_leaves(layout, job, rank, engine="posix",
     return 0 < leaf_bytes <= min(layout.file_bytes // 4, LEAVES_HELD)
 
 
+def reader_counts_leaves(layout, job, rank, engine="posix"):
+    """Whether the rank starts without counting the leaves and counts
+    them as its reads need them (lmdbio.Reader._load_index, a first start:
+    lio_index_begin): a whole index without MPI for an epoch in key order.
+    Its open reads only the branch levels."""
+    return engine == "posix" and not job.shuffle and \
+        _whole_index(layout, job, rank)
+
+
+def count_rounds(layout, pol, counted, need, keep=True):
+    """The reads of counting a begun index's leaves from `counted` until
+    they hold ordinal `need` (csrc/bulk.c lio_bulk_extend): rounds of the
+    leaves the records wanted take at the average left, one more, at most
+    EXTEND_ROUND bytes; each round's leaves in page order, neighbours in one
+    request, as a step's leaves.  Returns (reads, leaves counted now, (lo,
+    hi) the leaves kept for the step)."""
+    ps = layout.psize
+    L, total = layout.n_leaves, layout.n_records
+    first = layout.first
+    round_max = max(1, EXTEND_ROUND // ps)
+    kept_max = max(1, EXTEND_KEPT // ps)
+    reads = []
+    pre_lo, pre_n = counted, 0
+    n = counted
+    while n < L and int(first[n]) <= need:
+        have, left = int(first[n]), L - n
+        left_recs = max(0, total - have)
+        if need >= total or left_recs == 0:
+            k = left
+        else:   # in doubles, as the C code computes it
+            x = float(need + 1 - have) * float(left) / float(left_recs)
+            k = int(x) if x < left else left
+            k += (k < x) + 1
+        k = min(k, round_max, left)
+        if not keep or pre_n + k > kept_max:
+            pre_lo, pre_n = n, 0
+        pg = layout.leaf_pgno[n:n + k].astype(np.int64)
+        order = np.argsort(pg, kind="stable")
+        contig = np.ones(k, dtype=bool)
+        contig[1:] = order[1:] == order[:-1] + 1
+        reads.extend(coalesce((pg[order] * ps).tolist(), [ps] * k,
+                              contig.tolist(), pol.max_gap, pol.max_read,
+                              pol.max_segs))
+        n += k
+        pre_n += k
+    if not keep:
+        pre_n = 0
+    return reads, n, (pre_lo, pre_lo + pre_n)
+
+
 def leaf_load(layout):
     """The reads of holding every leaf (csrc/index.c
     lio_index_load_leaves): in page order, LOAD_CHUNK leaves a round,
@@ -596,8 +651,11 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     evenly spaced, and scale the totals.  random_access: a Reader without
     MPI reading in random order (a shuffled epoch, read()), which may hold
     the leaves (reader_holds_leaves; under comm=, which the projections
-    model, it holds none); load: count the reads of holding them (False:
-    they were held before)."""
+    model, it holds none); load: count the reads of holding them, and of a
+    first start (not job.index_cached) counting its leaves
+    (reader_counts_leaves: window by window in key order, all of them
+    before reads in random order) (False: they were held or counted
+    before)."""
     bs = job.batch_size
     mpi = engine in ("mpiio", "node_local")
     if engine == "node_local":
@@ -615,9 +673,18 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     else:
         units = batches(shard(layout, rank, job.P, job.shuffle,
                               batch_size=bs), bs)
-    mapped = reader_has_map(layout, job, rank, engine)
+    counting = reader_counts_leaves(layout, job, rank, engine) and load \
+        and not job.index_cached
+    # a first start in key order counts the leaves window by window, and
+    # has no record map until then; read() counts them all first
+    mapped = reader_has_map(layout, job, rank, engine) and \
+        not (counting and not random_access)
     held = reader_holds_leaves(layout, job, rank, engine, random_access)
     steps = steps_of(layout, units, pol, mapped)
+    counted_to = 0
+    if counting and random_access:   # (Reader._finish_index)
+        finish, counted_to, _ = count_rounds(layout, pol, 0,
+                                             layout.n_records, keep=False)
     picked = range(len(steps))
     scale = 1.0
     if sample and len(steps) > sample:
@@ -626,7 +693,18 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     req = nbytes = ireq = ibytes = mx = coll = 0
     step_req, reads_all = [], []   # per non-empty step
     for i in picked:
-        for part in plan_step(layout, steps[i], pol, mapped, held=held):
+        parts = []
+        kept = (0, 0)
+        if counting and counted_to < layout.n_leaves and len(steps[i]):
+            if sample:
+                raise ValueError("a first start that counts its leaves is "
+                                 "replayed whole (sample=None)")
+            extra, counted_to, kept = count_rounds(
+                layout, pol, counted_to, int(np.max(steps[i])))
+            parts.append(extra)
+        parts.extend(plan_step(layout, steps[i], pol, mapped, held=held,
+                               counted=kept))
+        for part in parts:
             if not part:
                 continue
             n, b, _ = _reads_summary(part)
@@ -644,6 +722,9 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     lreq = lbytes = 0
     if held and load:
         lreq, lbytes, _ = _reads_summary(leaf_load(layout))
+    if counting and random_access:
+        freq, fbytes, _ = _reads_summary(finish)
+        lreq, lbytes = lreq + freq, lbytes + fbytes
     return dict(steps=len(steps), requests=req * scale + lreq,
                 bytes=nbytes * scale + lbytes,
                 issued_requests=ireq * scale + lreq,
@@ -657,14 +738,25 @@ def _steps_count(layout, job, pol):
     return -(-per // job.batch_size)
 
 
-def index_build(layout, P=1, rank=0, recmap=False):
+def reader_open(layout, job, rank, engine="posix"):
+    """The reads of a first start's open: the index build (index_build),
+    or only its branch levels for a rank that counts the leaves as it reads
+    them (reader_counts_leaves)."""
+    if reader_counts_leaves(layout, job, rank, engine):
+        return index_build(layout, 1, 0, leaves=False)
+    return index_build(layout, 1, 0, reader_has_map(layout, job, rank,
+                                                    engine))
+
+
+def index_build(layout, P=1, rank=0, recmap=False, leaves=True):
     """The reads of building the record index (csrc/index.c): every rank
     reads the branch levels (pages coalesced with no hole, in rounds of
     INDEX_CHUNK_BYTES), then its share of the leaf headers, 16 bytes each,
     headers at most INDEX_HEADER_GAP apart in one request of at most
     INDEX_READ_MAX (the pages between them read over); with the record map
     (recmap: reader_has_map) whole leaves instead, in rounds of
-    INDEX_CHUNK_BYTES."""
+    INDEX_CHUNK_BYTES.  leaves=False: the branch levels only (a start that
+    counts the leaves as it reads them: reader_open)."""
     ps = layout.psize
     chunk_pages = max(1, INDEX_CHUNK_BYTES // ps)
     req = nbytes = 0
@@ -678,7 +770,7 @@ def index_build(layout, P=1, rank=0, recmap=False):
             req += len(rd)
             nbytes += sum(x[1] for x in rd)
             reads.extend(rd)
-    L = layout.n_leaves
+    L = layout.n_leaves if leaves else 0
     lo, hi = L * rank // P, L * (rank + 1) // P
     pg = np.sort(layout.leaf_pgno[lo:hi].astype(np.int64))
     hdr = 0
