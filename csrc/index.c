@@ -785,7 +785,7 @@ int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
                          const uint8_t *pages, uint64_t k, uint64_t need,
                          lio_error *err)
 {
-    uint64_t n = idx->nleaves;
+    uint64_t n = idx->nleaves, n0 = n;
     int dupsort = (db->flags & LIO_DUPSORT) != 0, rc = LIO_SUCCESS;
     if (k > idx->tree_leaves - n)
         k = idx->tree_leaves - n;
@@ -816,16 +816,23 @@ int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
                     ok ? map_entry(p, (unsigned)i) : 0;
         }
     }
+    if (!rc && n == idx->tree_leaves && n > n0 &&
+        idx->first[n] != db->entries) {
+        /* The last leaf fails the whole tree's check: it stays uncounted
+         * (the index pending, never saved), so every read of its records
+         * fails as this one does. */
+        rc = lio_fail(err, LIO_CORRUPTED, db->root,
+                      "page %llu: the tree holds %llu records, its database "
+                      "record says %llu", (unsigned long long)db->root,
+                      (unsigned long long)idx->first[n],
+                      (unsigned long long)db->entries);
+        n--;
+        idx->pages_read--;
+    }
     /* published after first[] (another reader may prepare meanwhile) */
     __atomic_store_n(&idx->nleaves, n, __ATOMIC_RELEASE);
     if (rc)
         return idx->first[n] > need ? LIO_SUCCESS : rc;
-    if (n == idx->tree_leaves && idx->first[n] != db->entries)
-        return lio_fail(err, LIO_CORRUPTED, db->root,
-                        "page %llu: the tree holds %llu records, its database "
-                        "record says %llu", (unsigned long long)db->root,
-                        (unsigned long long)idx->first[n],
-                        (unsigned long long)db->entries);
     return LIO_SUCCESS;
 }
 
