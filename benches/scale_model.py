@@ -573,20 +573,45 @@ def reader_counts_leaves(layout, job, rank, engine="posix"):
         _whole_index(layout, job, rank)
 
 
-def count_rounds(layout, pol, counted, need, keep=True):
+def _leaf_run_reads(layout, pol, lo, hi):
+    """The reads of leaves lo..hi-1 (index positions) into one buffer in
+    key order: in page order, neighbours in one request, as a step's."""
+    ps = layout.psize
+    pg = layout.leaf_pgno[lo:hi].astype(np.int64)
+    order = np.argsort(pg, kind="stable")
+    contig = np.ones(len(pg), dtype=bool)
+    contig[1:] = order[1:] == order[:-1] + 1
+    return coalesce((pg[order] * ps).tolist(), [ps] * len(pg),
+                    contig.tolist(), pol.max_gap, pol.max_read, pol.max_segs)
+
+
+def read_ahead(layout, pol, lo, hi):
+    """csrc/bulk.c lio_bulk_read_leaves: leaves lo..hi-1 (at most
+    EXTEND_KEPT bytes of them) read ahead of a window's turn.  Returns
+    (reads, (lo, hi) kept)."""
+    kept_max = max(1, EXTEND_KEPT // layout.psize)
+    hi = min(hi, layout.n_leaves, lo + kept_max)
+    if lo >= hi:
+        return [], (lo, lo)
+    return _leaf_run_reads(layout, pol, lo, hi), (lo, hi)
+
+
+def count_rounds(layout, pol, counted, need, keep=True, ahead=None):
     """The reads of counting a begun index's leaves from `counted` until
     they hold ordinal `need` (csrc/bulk.c lio_bulk_extend): rounds of the
     leaves the records wanted take at the average left, one more, at most
-    EXTEND_ROUND bytes; each round's leaves in page order, neighbours in one
-    request, as a step's leaves.  Returns (reads, leaves counted now, (lo,
-    hi) the leaves kept for the step)."""
+    EXTEND_ROUND bytes; a round of leaves read ahead (ahead: their (lo,
+    hi), read_ahead) is counted from memory, any other read in page order,
+    neighbours in one request, as a step's leaves.  Returns (reads, leaves
+    counted now, (lo, hi) the leaves kept for the step)."""
     ps = layout.psize
     L, total = layout.n_leaves, layout.n_records
     first = layout.first
     round_max = max(1, EXTEND_ROUND // ps)
     kept_max = max(1, EXTEND_KEPT // ps)
     reads = []
-    pre_lo, pre_n = counted, 0
+    pre_lo, pre_n = (ahead[0], ahead[1] - ahead[0]) if keep and ahead \
+        else (counted, 0)
     n = counted
     while n < L and int(first[n]) <= need:
         have, left = int(first[n]), L - n
@@ -598,15 +623,12 @@ def count_rounds(layout, pol, counted, need, keep=True):
             k = int(x) if x < left else left
             k += (k < x) + 1
         k = min(k, round_max, left)
-        if not keep or pre_n + k > kept_max:
+        if keep and pre_lo <= n < pre_lo + pre_n:
+            n += min(k, pre_lo + pre_n - n)   # read ahead: no read
+            continue
+        if not keep or pre_lo + pre_n != n or pre_n + k > kept_max:
             pre_lo, pre_n = n, 0
-        pg = layout.leaf_pgno[n:n + k].astype(np.int64)
-        order = np.argsort(pg, kind="stable")
-        contig = np.ones(k, dtype=bool)
-        contig[1:] = order[1:] == order[:-1] + 1
-        reads.extend(coalesce((pg[order] * ps).tolist(), [ps] * k,
-                              contig.tolist(), pol.max_gap, pol.max_read,
-                              pol.max_segs))
+        reads.extend(_leaf_run_reads(layout, pol, n, n + k))
         n += k
         pre_n += k
     if not keep:
@@ -692,16 +714,30 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
         scale = len(steps) / len(picked)
     req = nbytes = ireq = ibytes = mx = coll = 0
     step_req, reads_all = [], []   # per non-empty step
+    after = {-1: (0, 0)}   # (leaves counted, records they hold) after a step
+    if counting and not random_access:
+        from lmdbio.reader import leaves_ahead   # (the Reader's own rule)
     for i in picked:
         parts = []
         kept = (0, 0)
-        if counting and counted_to < layout.n_leaves and len(steps[i]):
+        if counting and not random_access and len(steps[i]):
+            # (Reader._iter_windows count_in_turn: from the second window
+            # on, read ahead from the index as two windows back had it)
             if sample:
                 raise ValueError("a first start that counts its leaves is "
                                  "replayed whole (sample=None)")
+            ahead = None
+            basis = after[i - 2] if i >= 2 else after[-1]
+            if i and basis[0] < layout.n_leaves:
+                lo, hi = leaves_ahead(int(steps[i][0]), int(steps[i][-1]),
+                                      basis[0], basis[1], layout.n_leaves,
+                                      layout.n_records)
+                extra, ahead = read_ahead(layout, pol, lo, hi)
+                parts.append(extra)
             extra, counted_to, kept = count_rounds(
-                layout, pol, counted_to, int(np.max(steps[i])))
+                layout, pol, counted_to, int(np.max(steps[i])), ahead=ahead)
             parts.append(extra)
+            after[i] = (counted_to, int(layout.first[counted_to]))
         parts.extend(plan_step(layout, steps[i], pol, mapped, held=held,
                                counted=kept))
         for part in parts:

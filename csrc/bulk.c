@@ -663,8 +663,10 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                                     "index"));
     if (!lio_index_pending(idx) || idx->first[idx->nleaves] > need)
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
-    b->pre_n = 0;
-    b->pre_lo = idx->nleaves;
+    if (!keep) {
+        b->pre_n = 0;
+        b->pre_lo = idx->nleaves;
+    }
     if (!(keyed = malloc(2 * round_max * sizeof *keyed)))
         return end_step(b, oom(b));
     while (lio_index_pending(idx) && idx->first[idx->nleaves] <= need) {
@@ -687,6 +689,20 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
             k = round_max;
         if (k > left)
             k = left;
+        if (keep && n >= b->pre_lo && n - b->pre_lo < b->pre_n) {
+            /* read ahead of this turn (lio_bulk_read_leaves): count them */
+            uint64_t avail = b->pre_lo + b->pre_n - n;
+            if (k > avail)
+                k = avail;
+            rc = lio_index_count_more(idx, (uint32_t)psize, &b->db,
+                                      b->pre + (n - b->pre_lo) * psize, k,
+                                      need, &b->err);
+            if (rc)
+                goto out;
+            if (idx->nleaves - n < k)
+                break;   /* stopped at a damaged leaf past the one needed */
+            continue;
+        }
         for (uint64_t j = 0; j < k; j++) {   /* a leaf past the file ends it */
             uint64_t pg = idx->leaf_pgno[n + j];
             lio_error ignored;
@@ -701,8 +717,8 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                 break;
             }
         }
-        if (!keep || b->pre_n + k > kept_max) {
-            b->pre_lo = n;
+        if (!keep || b->pre_lo + b->pre_n != n || b->pre_n + k > kept_max) {
+            b->pre_lo = n;   /* (appended to what is kept when it ends here) */
             b->pre_n = 0;
         }
         if (keep_room(b, b->pre_n + k)) {
@@ -743,6 +759,60 @@ out:
     if (!keep || rc)
         b->pre_n = 0;
     return end_step(b, rc);
+}
+
+int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
+{
+    const lio_index *idx = b->idx;
+    uint64_t psize = b->env->psize, n, *keyed;
+    uint64_t all = idx->tree_leaves ? idx->tree_leaves : idx->nleaves;
+    uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
+    int rc = LIO_SUCCESS, sorted = 1;
+
+    b->err.code = 0;
+    b->ran = 0;
+    b->pre_n = 0;
+    if (hi > all)
+        hi = all;
+    if (hi > lo && hi - lo > kept_max)
+        hi = lo + kept_max;
+    if (lo >= hi)
+        return end_step(b, LIO_SUCCESS);
+    for (n = 0; n < hi - lo; n++) {   /* a leaf past the file ends the run */
+        uint64_t pg = idx->leaf_pgno[lo + n];
+        lio_error ignored;
+        if (lio_check_extent(b->env, pg * psize, psize, pg, &ignored))
+            break;
+    }
+    if (n == 0)
+        return end_step(b, LIO_SUCCESS);
+    if (!(keyed = malloc(2 * n * sizeof *keyed)))
+        return end_step(b, oom(b));
+    if (keep_room(b, n)) {
+        free(keyed);
+        return end_step(b, oom(b));
+    }
+    for (uint64_t j = 0; j < n; j++) {
+        keyed[2 * j] = idx->leaf_pgno[lo + j];
+        keyed[2 * j + 1] = j;
+        if (j && keyed[2 * j] < keyed[2 * j - 2])
+            sorted = 0;
+    }
+    if (!sorted)
+        lio_sort_u64(keyed, n, 2);
+    lio_plan_reset(&b->plan);
+    for (uint64_t j = 0; j < n && rc == 0; j++)
+        rc = lio_plan_add(&b->plan, keyed[2 * j] * psize,
+                          b->pre + keyed[2 * j + 1] * psize, psize);
+    free(keyed);
+    if (rc)
+        return end_step(b, lio_fail(&b->err, rc, LIO_NO_PAGE,
+                                    "cannot plan the leaves' reads"));
+    if ((rc = run_plan(b)))
+        return end_step(b, rc);
+    b->pre_lo = lo;
+    b->pre_n = n;
+    return end_step(b, LIO_SUCCESS);
 }
 
 int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,

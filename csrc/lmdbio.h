@@ -492,6 +492,13 @@ uint64_t lio_bulk_leaf_bytes(const lio_bulk *b);
  * The caller serializes extensions of one index (other readers of it may
  * prepare meanwhile). */
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
+/* Read leaves lo..hi-1 (index positions, counted or not; at most what
+ * lio_bulk_extend keeps) into the reader's kept leaves without counting
+ * them: a window's leaves read while the window before counts its own, so
+ * that its lio_bulk_extend counts them from memory and the next prepare
+ * takes them.  A read that fails keeps nothing (the counting reads them
+ * again and says what failed). */
+int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi);
 
 /* Cache policy for executors that have one (advise != NULL).
  * region > 0: a prepare whose leaves fill at least min_pages pages of an

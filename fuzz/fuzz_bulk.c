@@ -106,8 +106,9 @@ static void damaged_map(lio_env *env, const lio_meta *snap,
 
 /* A begun index (lio_index_begin): windows in key order count the leaves
  * as they read them (lio_bulk_extend, with the leaves kept for the next
- * prepare), then the rest is counted at once, and its map is checked as a
- * cached one would be. */
+ * prepare; some read ahead, lio_bulk_read_leaves, from where the count
+ * stands or one past it), then the rest is counted at once, and its map is
+ * checked as a cached one would be. */
 static void counted_db(lio_env *env, const lio_meta *snap,
                        const lio_dbrec *db, lio_executor *ex, size_t step)
 {
@@ -125,6 +126,9 @@ static void counted_db(lio_env *env, const lio_meta *snap,
             size_t k = 0;
             for (uint64_t o = at; o < n && o < at + step && k < 64; o++)
                 ords[k++] = (int64_t)o;
+            if (at & 2)   /* leaves read ahead of the count, some missed */
+                lio_bulk_read_leaves(b, idx->nleaves + (at & 4 ? 1 : 0),
+                                     idx->nleaves + step / 4 + 1);
             if (!k || lio_bulk_extend(b, idx, (uint64_t)ords[k - 1], 1))
                 break;
             read_some(b, ords, k, (int)(at & 1));

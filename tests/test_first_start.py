@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_lmdbio
-from lmdb_fixtures import (FLAG_COMBOS, make_all_flags_env, read_all_pylmdb,
+from lmdb_fixtures import (FLAG_COMBOS, MD_ENTRIES, LmdbFile, data_file,
+                           make_all_flags_env, patch_dbrec, read_all_pylmdb,
                            write_items, write_sized)
 
 try:
@@ -182,3 +183,43 @@ def test_empty_tree(tmp_path):
     write_items(path, [])
     with lmdbio.Reader(path, index_cache=str(tmp_path / "c")) as r:
         assert list(r) == [] and len(r) == 0
+
+
+@pytest.mark.parametrize("delta", [1, -1])
+def test_record_count_that_disagrees(tmp_path, delta):
+    """A database record whose count disagrees with the leaves is found
+    where the counting reaches the last leaf, after every batch before it;
+    the index stays uncounted (nothing saved), so read() fails the same
+    way instead of reading a wrong index."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = write_sized(path, [500] * 3000)
+    f = LmdbFile(path)
+    patch_dbrec(data_file(path), f.meta.main_db, MD_ENTRIES, "<Q",
+                3000 + delta)
+    cache = str(tmp_path / "c")
+    got = []
+    with pytest.raises(lmdbio.CorruptedError, match="database record"):
+        with lmdbio.Reader(path, batch_size=100, index_cache=cache) as r:
+            for b in r:
+                got += b.values.tolist()
+    assert 2800 <= len(got) < 3000
+    assert got == [v for _, v in items[:len(got)]]
+    with lmdbio.Reader(path, batch_size=100, index_cache=cache) as r:
+        for _ in range(2):
+            with pytest.raises(lmdbio.CorruptedError,
+                               match="database record"):
+                r.read([0])
+    assert not glob.glob(os.path.join(cache, "*.npy"))
+
+
+@given(first=st.integers(0, 10 ** 6), span=st.integers(-5, 10 ** 5),
+       counted=st.integers(0, 10 ** 4), covered=st.integers(0, 10 ** 6),
+       leaves=st.integers(0, 2 * 10 ** 4), records=st.integers(0, 2 * 10 ** 6))
+def test_leaves_ahead_is_a_run_of_uncounted_leaves(first, span, counted,
+                                                   covered, leaves, records):
+    lo, hi = reader_mod.leaves_ahead(first, first + span, counted, covered,
+                                     leaves, records)
+    assert lo <= hi
+    if lo < hi:
+        assert counted <= lo and hi <= leaves

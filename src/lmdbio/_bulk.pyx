@@ -351,6 +351,20 @@ cdef class BulkFile:
         if self.idx != NULL and lio_index_pending(self.idx):
             self._extend(self._independent(lane), need, True)
 
+    def read_leaves(self, uint64_t lo, uint64_t hi, int lane=0):
+        """Read leaves lo..hi-1 into lane `lane`'s batch reader without
+        counting them (lio_bulk_read_leaves): its next extend_index counts
+        them from memory, its next window takes them."""
+        cdef lio_bulk *b
+        cdef int rc
+        if self.idx == NULL:
+            return
+        b = self._independent(lane)
+        with nogil:
+            rc = lio_bulk_read_leaves(b, lo, hi)
+        if rc:
+            raise self._step_error(lio_bulk_error(b))
+
     def finish_index(self):
         """Count every leaf a begun index has not counted yet."""
         if self.idx != NULL and lio_index_pending(self.idx):

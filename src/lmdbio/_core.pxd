@@ -258,6 +258,7 @@ cdef extern from "lmdbio.h" nogil:
     const lio_error *lio_bulk_error(const lio_bulk *b)
     void lio_bulk_close(lio_bulk *b)
     int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
+    int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
     void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read)
     void lio_bulk_set_collective(lio_bulk *b, int on)
     ctypedef struct lio_batch_out:

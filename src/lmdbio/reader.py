@@ -226,6 +226,24 @@ def _read_recmap(pending):
     return recmap
 
 
+def leaves_ahead(first_ord, last_ord, counted, covered, leaves, records):
+    """The leaves [lo, hi) that a window of a first start in key order
+    (ordinals first_ord..last_ord, ascending) will count, expected from
+    the index as it stood before the window ahead of it counted (`counted`
+    leaves holding `covered` records) at the average records a leaf of the
+    rest holds, with a margin of 1/32 and two leaves each side.  The
+    window reads them while the window ahead counts (Reader._iter_windows);
+    the scale model replays the same rule."""
+    if counted >= leaves or covered >= records or last_ord < first_ord:
+        return counted, counted
+    per = (leaves - counted) / (records - covered)
+    lo = counted + (first_ord - covered) * per
+    hi = counted + (last_ord + 1 - covered) * per
+    margin = (hi - lo) / 32 + 2
+    lo = max(counted, int(lo - margin))
+    return lo, max(lo, min(leaves, int(hi + margin) + 1))
+
+
 def _split(arrays, counts):
     """Per-part (kdata, koff, vdata, voff) of a concatenated batch."""
     kdata, koff, vdata, voff = arrays
@@ -1408,26 +1426,48 @@ class Reader:
                 st['done'][seq] = (batches, exc)
                 cond.notify_all()
 
+        def wait_turn(turn):
+            with cond:
+                while st['turn'] < turn and not stop.is_set():
+                    cond.wait(0.1)
+
         def count_in_turn(seq, ordinals, lane):
             """A begun index counts its leaves window after window, in
-            order (each lane's window then finds its own leaves read), while
-            the other lane copies out the window before."""
-            def counting():
-                f = self._file
-                return f is not None and f.index_pending
-
-            with cond:   # (a window before may count the last leaf)
-                while st['turn'] != seq and not stop.is_set() and counting():
-                    cond.wait(0.1)
+            order.  A window first reads the leaves it expects to count
+            (leaves_ahead, from the index as it stood two windows back)
+            while the window ahead counts, then counts them from memory in
+            its turn: the reads of both lanes overlap, the counting is
+            what runs one window at a time.  Every step depends only on
+            what the windows before counted, so an epoch reads the same
+            requests every time (the scale model replays them)."""
+            f = self._file
             try:
+                wait_turn(seq - 1)
+                counted, covered = st['basis'].get(seq - 1, (0, 0))
+                if f is not None and counted < f.tree_leaves and \
+                        not stop.is_set():
+                    lo, hi = leaves_ahead(int(ordinals[0]),
+                                          int(ordinals[-1]), counted,
+                                          covered, f.tree_leaves, f.entries)
+                    with self._lane_locks[lane]:
+                        if self._file is not None:
+                            try:
+                                f.read_leaves(lo, hi, lane)
+                            except Error:
+                                pass   # the counting reads them again
+                wait_turn(seq)
                 with self._lane_locks[lane]:
-                    f = self._file
-                    if f is not None and f.index_pending:
-                        f.extend_index(int(ordinals.max()), lane)
-            except Error:
-                pass   # the window's own read raises it at the right batch
+                    if f is not None and self._file is not None and \
+                            not stop.is_set():
+                        try:
+                            f.extend_index(int(ordinals.max()), lane)
+                        except Error:
+                            pass   # the window's read raises it in place
+                        st['basis'][seq + 1] = (f.num_leaves,
+                                                f.index_range[1])
             finally:
                 with cond:
+                    st['basis'].pop(seq - 1, None)
                     st['turn'] = max(st['turn'], seq + 1)
                     cond.notify_all()
 
@@ -1469,8 +1509,7 @@ class Reader:
                                     self._file.advise(self._window_ordinals(
                                         start + nrec, ahead), lane)
                         ordinals = self._window_ordinals(start, start + nrec)
-                        f = self._file
-                        if f is not None and f.index_pending:
+                        if counting:
                             count_in_turn(seq, ordinals, lane)
                         batches, leaf_bytes = self._window_batches(ordinals,
                                                                    lane)
@@ -1492,9 +1531,13 @@ class Reader:
         # The first window (one batch) is read here and handed out before
         # any thread starts: a Reader opened for one batch (a map-style
         # dataset, a shard's first batch) starts no thread.
+        counting = self._parts is None and self._file.index_pending
         seq, start, nrec = claim()
         first, leaf_bytes = self._window_batches(
             self._window_ordinals(start, start + nrec))
+        if counting:   # what windows 1 and 2 expect their leaves from
+            f = self._file
+            st['basis'] = {0: (0, 0), 1: (f.num_leaves, f.index_range[1])}
         grow(first, leaf_bytes, nrec)
         st['taken'] = 1
         for b in first:
