@@ -591,6 +591,7 @@ class Reader:
         self._recmap_pending = None  # a cached record map not yet loaded
         self._leaves_tried = False   # _random_access asked for the leaves
         self._unsaved_index = None   # a begun index's save, once whole
+        self._save_lock = threading.Lock()   # (a lane or the consumer)
         self._workers = []
         self._env = self._txn = None
         self._file = None
@@ -871,10 +872,11 @@ class Reader:
             for r in self._parts:
                 r._save_if_whole()
             return
-        save, f = self._unsaved_index, self._file
-        if save is None or f is None or f.index_pending:
-            return
-        self._unsaved_index = None
+        with self._save_lock:
+            save, f = self._unsaved_index, self._file
+            if save is None or f is None or f.index_pending:
+                return
+            self._unsaved_index = None
         save(*f.index_arrays(), f.index_recmap())
 
     def _finish_index(self):
@@ -1465,6 +1467,10 @@ class Reader:
                             pass   # the window's read raises it in place
                         st['basis'][seq + 1] = (f.num_leaves,
                                                 f.index_range[1])
+                if f is not None and not f.index_pending:
+                    # whole: saved here, beside the other lane's reads, not
+                    # after the epoch's last batch
+                    self._save_if_whole()
             finally:
                 with cond:
                     st['basis'].pop(seq - 1, None)
