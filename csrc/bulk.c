@@ -647,6 +647,34 @@ static int keep_room(lio_bulk *b, uint64_t pages)
     return 0;
 }
 
+/* Plan the reads of leaves first..first+k-1 (index positions) into the
+ * kept leaves from slot `at` on, in key order: read in page order (keyed:
+ * room for 2k words). */
+static int plan_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
+                     uint64_t *keyed)
+{
+    const uint64_t *pgno = b->idx->leaf_pgno + first;
+    uint64_t psize = b->env->psize;
+    int sorted = 1, rc;
+    for (uint64_t j = 0; j < k; j++) {
+        keyed[2 * j] = pgno[j];
+        keyed[2 * j + 1] = j;
+        if (j && keyed[2 * j] < keyed[2 * j - 2])
+            sorted = 0;
+    }
+    if (!sorted)
+        lio_sort_u64(keyed, k, 2);
+    lio_plan_reset(&b->plan);
+    for (uint64_t j = 0; j < k; j++) {
+        uint64_t pg = keyed[2 * j];
+        uint8_t *dst = b->pre + (at + keyed[2 * j + 1]) * psize;
+        if ((rc = lio_plan_add(&b->plan, pg * psize, dst, psize)))
+            return lio_fail(&b->err, rc, pg, "page %llu: cannot plan its "
+                            "read", (unsigned long long)pg);
+    }
+    return LIO_SUCCESS;
+}
+
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
 {
     uint64_t psize = b->env->psize;
@@ -673,7 +701,6 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
         uint64_t n = idx->nleaves, have = idx->first[n];
         uint64_t left = idx->tree_leaves - n, k;
         uint64_t left_recs = b->db.entries > have ? b->db.entries - have : 0;
-        int sorted = 1;
         /* Leaves enough for the records wanted at the average of the
          * records left, one more for the spread: a round reads little past
          * what the step needs. */
@@ -725,24 +752,8 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
             rc = oom(b);
             goto out;
         }
-        for (uint64_t j = 0; j < k; j++) {
-            keyed[2 * j] = idx->leaf_pgno[n + j];
-            keyed[2 * j + 1] = j;
-            if (j && keyed[2 * j] < keyed[2 * j - 2])
-                sorted = 0;
-        }
-        if (!sorted)
-            lio_sort_u64(keyed, k, 2);
-        lio_plan_reset(&b->plan);
-        for (uint64_t j = 0; j < k; j++) {
-            uint64_t pg = keyed[2 * j];
-            uint8_t *dst = b->pre + (b->pre_n + keyed[2 * j + 1]) * psize;
-            if ((rc = lio_plan_add(&b->plan, pg * psize, dst, psize))) {
-                rc = lio_fail(&b->err, rc, pg, "page %llu: cannot plan its "
-                              "read", (unsigned long long)pg);
-                goto out;
-            }
-        }
+        if ((rc = plan_kept(b, n, k, b->pre_n, keyed)))
+            goto out;
         if ((rc = run_plan(b)))
             goto out;
         rc = lio_index_count_more(idx, (uint32_t)psize, &b->db,
@@ -767,7 +778,7 @@ int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
     uint64_t psize = b->env->psize, n, *keyed;
     uint64_t all = idx->tree_leaves ? idx->tree_leaves : idx->nleaves;
     uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
-    int rc = LIO_SUCCESS, sorted = 1;
+    int rc = LIO_SUCCESS;
 
     b->err.code = 0;
     b->ran = 0;
@@ -792,22 +803,10 @@ int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
         free(keyed);
         return end_step(b, oom(b));
     }
-    for (uint64_t j = 0; j < n; j++) {
-        keyed[2 * j] = idx->leaf_pgno[lo + j];
-        keyed[2 * j + 1] = j;
-        if (j && keyed[2 * j] < keyed[2 * j - 2])
-            sorted = 0;
-    }
-    if (!sorted)
-        lio_sort_u64(keyed, n, 2);
-    lio_plan_reset(&b->plan);
-    for (uint64_t j = 0; j < n && rc == 0; j++)
-        rc = lio_plan_add(&b->plan, keyed[2 * j] * psize,
-                          b->pre + keyed[2 * j + 1] * psize, psize);
+    rc = plan_kept(b, lo, n, 0, keyed);
     free(keyed);
     if (rc)
-        return end_step(b, lio_fail(&b->err, rc, LIO_NO_PAGE,
-                                    "cannot plan the leaves' reads"));
+        return end_step(b, rc);
     if ((rc = run_plan(b)))
         return end_step(b, rc);
     b->pre_lo = lo;
