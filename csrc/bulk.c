@@ -647,15 +647,34 @@ static int keep_room(lio_bulk *b, uint64_t pages)
     return 0;
 }
 
-/* Plan the reads of leaves first..first+k-1 (index positions) into the
- * kept leaves from slot `at` on, in key order: read in page order (keyed:
- * room for 2k words). */
-static int plan_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
+/* How many of leaves first..first+k-1 (index positions) lie inside the
+ * file, counted from the first: a leaf past the end ends the run (err:
+ * what the first one's check said, when it is past the end). */
+static uint64_t leaves_in_file(lio_bulk *b, uint64_t first, uint64_t k,
+                               lio_error *err)
+{
+    uint64_t psize = b->env->psize, n;
+    for (n = 0; n < k; n++) {
+        uint64_t pg = b->idx->leaf_pgno[first + n];
+        lio_error ignored;
+        if (lio_check_extent(b->env, pg * psize, psize, pg,
+                             n ? &ignored : err))
+            break;
+    }
+    return n;
+}
+
+/* Read leaves first..first+k-1 (index positions) into the kept leaves
+ * from slot `at` on, in key order, reading in page order (keyed: room for
+ * 2k words). */
+static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
                      uint64_t *keyed)
 {
     const uint64_t *pgno = b->idx->leaf_pgno + first;
     uint64_t psize = b->env->psize;
     int sorted = 1, rc;
+    if (keep_room(b, at + k))
+        return oom(b);
     for (uint64_t j = 0; j < k; j++) {
         keyed[2 * j] = pgno[j];
         keyed[2 * j + 1] = j;
@@ -672,7 +691,7 @@ static int plan_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
             return lio_fail(&b->err, rc, pg, "page %llu: cannot plan its "
                             "read", (unsigned long long)pg);
     }
-    return LIO_SUCCESS;
+    return run_plan(b);
 }
 
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
@@ -689,7 +708,7 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
         return end_step(b, lio_fail(&b->err, LIO_EINVAL, LIO_NO_PAGE,
                                     "the reader was opened with another "
                                     "index"));
-    if (!lio_index_pending(idx) || idx->first[idx->nleaves] > need)
+    if (!lio_index_pending(idx) || lio_index_holds(idx, need))
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
     if (!keep) {
         b->pre_n = 0;
@@ -697,10 +716,11 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
     }
     if (!(keyed = malloc(2 * round_max * sizeof *keyed)))
         return end_step(b, oom(b));
-    while (lio_index_pending(idx) && idx->first[idx->nleaves] <= need) {
+    while (lio_index_pending(idx) && !lio_index_holds(idx, need)) {
         uint64_t n = idx->nleaves, have = idx->first[n];
         uint64_t left = idx->tree_leaves - n, k;
         uint64_t left_recs = b->db.entries > have ? b->db.entries - have : 0;
+        int fresh = 0;   /* read by this round (not read ahead) */
         /* Leaves enough for the records wanted at the average of the
          * records left, one more for the spread: a round reads little past
          * what the step needs. */
@@ -717,51 +737,30 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
         if (k > left)
             k = left;
         if (keep && n >= b->pre_lo && n - b->pre_lo < b->pre_n) {
-            /* read ahead of this turn (lio_bulk_read_leaves): count them */
-            uint64_t avail = b->pre_lo + b->pre_n - n;
-            if (k > avail)
-                k = avail;
-            rc = lio_index_count_more(idx, (uint32_t)psize, &b->db,
-                                      b->pre + (n - b->pre_lo) * psize, k,
-                                      need, &b->err);
-            if (rc)
-                goto out;
-            if (idx->nleaves - n < k)
-                break;   /* stopped at a damaged leaf past the one needed */
-            continue;
-        }
-        for (uint64_t j = 0; j < k; j++) {   /* a leaf past the file ends it */
-            uint64_t pg = idx->leaf_pgno[n + j];
-            lio_error ignored;
-            int bad = lio_check_extent(b->env, pg * psize, psize, pg,
-                                       j ? &ignored : &b->err);
-            if (bad && j == 0) {
-                rc = bad;
+            /* read ahead of this turn (lio_bulk_read_leaves) */
+            if (k > b->pre_lo + b->pre_n - n)
+                k = b->pre_lo + b->pre_n - n;
+        } else {
+            if (!(k = leaves_in_file(b, n, k, &b->err))) {
+                rc = b->err.code;
                 goto out;
             }
-            if (bad) {
-                k = j;
-                break;
+            if (!keep || b->pre_lo + b->pre_n != n ||
+                b->pre_n + k > kept_max) {
+                b->pre_lo = n;   /* (appended to what is kept if it ends here) */
+                b->pre_n = 0;
             }
+            if ((rc = read_kept(b, n, k, b->pre_n, keyed)))
+                goto out;
+            fresh = 1;
         }
-        if (!keep || b->pre_lo + b->pre_n != n || b->pre_n + k > kept_max) {
-            b->pre_lo = n;   /* (appended to what is kept when it ends here) */
-            b->pre_n = 0;
-        }
-        if (keep_room(b, b->pre_n + k)) {
-            rc = oom(b);
-            goto out;
-        }
-        if ((rc = plan_kept(b, n, k, b->pre_n, keyed)))
-            goto out;
-        if ((rc = run_plan(b)))
-            goto out;
         rc = lio_index_count_more(idx, (uint32_t)psize, &b->db,
-                                  b->pre + b->pre_n * psize, k, need,
+                                  b->pre + (n - b->pre_lo) * psize, k, need,
                                   &b->err);
         if (rc)
             goto out;
-        b->pre_n += idx->nleaves - n;   /* the leaves counted */
+        if (fresh)
+            b->pre_n += idx->nleaves - n;   /* the leaves counted */
         if (idx->nleaves - n < k)
             break;   /* stopped at a damaged leaf past the one needed */
     }
@@ -778,7 +777,8 @@ int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
     uint64_t psize = b->env->psize, n, *keyed;
     uint64_t all = idx->tree_leaves ? idx->tree_leaves : idx->nleaves;
     uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
-    int rc = LIO_SUCCESS;
+    lio_error ignored;   /* a leaf past the file: nothing read ahead */
+    int rc;
 
     b->err.code = 0;
     b->ran = 0;
@@ -789,25 +789,13 @@ int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
         hi = lo + kept_max;
     if (lo >= hi)
         return end_step(b, LIO_SUCCESS);
-    for (n = 0; n < hi - lo; n++) {   /* a leaf past the file ends the run */
-        uint64_t pg = idx->leaf_pgno[lo + n];
-        lio_error ignored;
-        if (lio_check_extent(b->env, pg * psize, psize, pg, &ignored))
-            break;
-    }
-    if (n == 0)
+    if (!(n = leaves_in_file(b, lo, hi - lo, &ignored)))
         return end_step(b, LIO_SUCCESS);
     if (!(keyed = malloc(2 * n * sizeof *keyed)))
         return end_step(b, oom(b));
-    if (keep_room(b, n)) {
-        free(keyed);
-        return end_step(b, oom(b));
-    }
-    rc = plan_kept(b, lo, n, 0, keyed);
+    rc = read_kept(b, lo, n, 0, keyed);
     free(keyed);
     if (rc)
-        return end_step(b, rc);
-    if ((rc = run_plan(b)))
         return end_step(b, rc);
     b->pre_lo = lo;
     b->pre_n = n;

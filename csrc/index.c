@@ -45,21 +45,31 @@ static uint64_t map_entry(const uint8_t *p, unsigned i)
            (uint64_t)nd_dsize(nd) << 32;
 }
 
-/* The map entries of a leaf whose header was checked.  A leaf whose nodes
- * fail the page checks gets no entries: its records are read through the
- * leaf, which raises when a batch needs them, as without a map. */
-static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
-                    uint64_t pg, uint64_t pos, lio_error *err)
+/* The n = pg_numkeys(p) map entries of a leaf whose header was checked,
+ * into out[0..n).  A leaf whose nodes fail the page checks gets no entries
+ * (zeros): its records are read through the leaf, which raises when a
+ * batch needs them, as without a map. */
+static void leaf_entries(const uint8_t *p, uint32_t psize, uint64_t pg,
+                         uint64_t *out)
 {
     unsigned n = pg_numkeys(p);
     lio_error ignored;
     int ok = lio_check_page(p, psize, pg, 0, &ignored) == LIO_SUCCESS;
+    for (unsigned i = 0; i < n; i++)
+        out[i] = ok ? map_entry(p, i) : 0;
+}
+
+/* A build's map entries of leaf `pos` (key order), scanned in page order. */
+static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
+                    uint64_t pg, uint64_t pos, lio_error *err)
+{
+    unsigned n = pg_numkeys(p);
     if (lio_grow((void **)&acc->ent, &acc->cap, acc->len + n,
                  sizeof *acc->ent))
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     acc->start[pos] = acc->len;
-    for (unsigned i = 0; i < n; i++)
-        acc->ent[acc->len++] = ok ? map_entry(p, i) : 0;
+    leaf_entries(p, psize, pg, acc->ent + acc->len);
+    acc->len += n;
     return LIO_SUCCESS;
 }
 
@@ -808,13 +818,8 @@ int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
             break;
         idx->first[n + 1] = idx->first[n] + count;
         idx->pages_read++;
-        if (idx->mapping) {   /* as a build maps a leaf (map_leaf) */
-            lio_error ignored;
-            int ok = lio_check_page(p, psize, pg, 0, &ignored) == LIO_SUCCESS;
-            for (uint64_t i = 0; i < count; i++)
-                idx->built_map[idx->first[n] + i] =
-                    ok ? map_entry(p, (unsigned)i) : 0;
-        }
+        if (idx->mapping)   /* (count = its pg_numkeys: not DUPSORT) */
+            leaf_entries(p, psize, pg, idx->built_map + idx->first[n]);
     }
     if (!rc && n == idx->tree_leaves && n > n0 &&
         idx->first[n] != db->entries) {
