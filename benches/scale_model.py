@@ -373,6 +373,19 @@ def mapped_records(layout, ords):
     return (2 * cnt <= per_leaf)[inv] & (layout.ovpg[ords] == 0)
 
 
+def _leaf_reads(layout, pol, leaves):
+    """The reads of these leaves (index positions, ascending) into
+    consecutive slots of one buffer: in page order, neighbours in one
+    request (a hole between slots is a segment of its own)."""
+    ps = layout.psize
+    pg = layout.leaf_pgno[leaves].astype(np.int64)
+    order = np.argsort(pg, kind="stable")   # read by page; slot by key order
+    contig = np.ones(len(pg), dtype=bool)
+    contig[1:] = order[1:] == order[:-1] + 1
+    return coalesce((pg[order] * ps).tolist(), [ps] * len(pg),
+                    contig.tolist(), pol.max_gap, pol.max_read, pol.max_segs)
+
+
 def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
               counted=(0, 0)):
     """The reads of one Reader step (a batch, or a window): leaves (none
@@ -392,13 +405,7 @@ def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
     if held:
         leaves = leaves[:0]
     leaves = leaves[(leaves < counted[0]) | (leaves >= counted[1])]
-    pg = layout.leaf_pgno[leaves].astype(np.int64)
-    order = np.argsort(pg, kind="stable")   # read by page; slot by key order
-    pg, slots = pg[order], order
-    contig = np.ones(len(pg), dtype=bool)
-    contig[1:] = slots[1:] == slots[:-1] + 1
-    leaf_reads = coalesce((pg * ps).tolist(), [ps] * len(pg), contig.tolist(),
-                          pol.max_gap, pol.max_read, pol.max_segs)
+    leaf_reads = _leaf_reads(layout, pol, leaves)
     ov = layout.ovpg[ords]
     sel = ov > 0
     ov_reads = []
@@ -573,18 +580,6 @@ def reader_counts_leaves(layout, job, rank, engine="posix"):
         _whole_index(layout, job, rank)
 
 
-def _leaf_run_reads(layout, pol, lo, hi):
-    """The reads of leaves lo..hi-1 (index positions) into one buffer in
-    key order: in page order, neighbours in one request, as a step's."""
-    ps = layout.psize
-    pg = layout.leaf_pgno[lo:hi].astype(np.int64)
-    order = np.argsort(pg, kind="stable")
-    contig = np.ones(len(pg), dtype=bool)
-    contig[1:] = order[1:] == order[:-1] + 1
-    return coalesce((pg[order] * ps).tolist(), [ps] * len(pg),
-                    contig.tolist(), pol.max_gap, pol.max_read, pol.max_segs)
-
-
 def read_ahead(layout, pol, lo, hi):
     """csrc/bulk.c lio_bulk_read_leaves: leaves lo..hi-1 (at most
     EXTEND_KEPT bytes of them) read ahead of a window's turn.  Returns
@@ -593,7 +588,7 @@ def read_ahead(layout, pol, lo, hi):
     hi = min(hi, layout.n_leaves, lo + kept_max)
     if lo >= hi:
         return [], (lo, lo)
-    return _leaf_run_reads(layout, pol, lo, hi), (lo, hi)
+    return _leaf_reads(layout, pol, np.arange(lo, hi)), (lo, hi)
 
 
 def count_rounds(layout, pol, counted, need, keep=True, ahead=None):
@@ -628,7 +623,7 @@ def count_rounds(layout, pol, counted, need, keep=True, ahead=None):
             continue
         if not keep or pre_lo + pre_n != n or pre_n + k > kept_max:
             pre_lo, pre_n = n, 0
-        reads.extend(_leaf_run_reads(layout, pol, n, n + k))
+        reads.extend(_leaf_reads(layout, pol, np.arange(n, n + k)))
         n += k
         pre_n += k
     if not keep:
