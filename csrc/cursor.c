@@ -158,6 +158,15 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int dir)
     if (level >= LIO_MAX_DEPTH || level >= c->db.depth)
         return fail(c, LIO_CORRUPTED, pgno,
                     "tree is deeper than its recorded depth");
+    /* The page this level holds already (lookups in random order share
+     * the upper branch pages): checked when it was pushed, still pinned. */
+    if (c->pin[level] && c->pgno[level] == pgno && !c->subpage &&
+        c->pg[level] == c->pin[level]->data) {
+        c->ki[level] = 0;
+        c->top = level;
+        c->snum = level + 1;
+        return LIO_SUCCESS;
+    }
     /* Read ahead leaves only (branch pages are few and stay cached). */
     if (dir && level > 0 && level + 1 == c->db.depth && !c->subpage)
         tree_prefetch(c, level, pgno, dir);
