@@ -144,32 +144,44 @@ def shard_order(n, rank, world_size, shuffle=False, seed=0, epoch=0,
     return np.ascontiguousarray(order[pos], dtype=np.int64)
 
 
-def _digest(arr):
-    """A checksum of a cached index (CRC-32: it guards against a damaged
-    or truncated file, at several GB/s, so that opening with a cached index
-    costs little more than reading it)."""
-    data = memoryview(np.ascontiguousarray(arr)).cast('B')
-    return np.uint64(zlib.crc32(data))
+def _digest(*parts):
+    """A checksum of a cached index, over its parts in turn as if joined
+    (CRC-32: it guards against a damaged or truncated file, at several
+    GB/s, so that opening with a cached index costs little more than
+    reading it)."""
+    crc = 0
+    for arr in parts:
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast('B'), crc)
+    return np.uint64(crc)
 
 
 def _save_index(path, head, leaves, first, recmap=None):
     """Write an index (and its record map, if any) to the cache
     (atomically; a read-only cache directory only costs the next start a
-    rebuild)."""
-    if recmap is None:
-        recmap = np.empty(0, dtype=np.uint64)
-    index = np.concatenate([leaves, first]).astype(np.uint64)
-    recmap = np.ascontiguousarray(recmap, dtype=np.uint64)
+    rebuild).  One .npy array of uint64: head, (leaves, map entries, index
+    digest, map digest), leaves, first, map; written part by part (a
+    first start saves while its epoch runs: joining the parts first had
+    cost three copies of them in fresh memory)."""
+    u64 = np.dtype(np.uint64)
+    parts = [np.ascontiguousarray(a, dtype=u64) for a in
+             (leaves, first, () if recmap is None else recmap)]
+    leaves, first, recmap = parts
     # Two digests: a start that needs no map (an unshuffled epoch, a
     # shard) checks only the index part.
-    blob = np.concatenate([head, np.array([len(leaves), len(recmap),
-                                           _digest(index), _digest(recmap)],
-                                          dtype=np.uint64), index, recmap])
+    fixed = np.concatenate([np.asarray(head, dtype=u64),
+                            np.array([len(leaves), len(recmap),
+                                      _digest(leaves, first),
+                                      _digest(recmap)], dtype=u64)])
+    total = len(fixed) + len(leaves) + len(first) + len(recmap)
+    header = {'descr': np.lib.format.dtype_to_descr(u64),
+              'fortran_order': False, 'shape': (total,)}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = '%s.%d.tmp' % (path, os.getpid())
         with open(tmp, 'wb') as f:
-            np.save(f, blob, allow_pickle=False)
+            np.lib.format.write_array_header_1_0(f, header)
+            for part in (fixed, leaves, first, recmap):
+                f.write(memoryview(part).cast('B'))
         os.replace(tmp, path)
     except OSError:
         pass
