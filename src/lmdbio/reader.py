@@ -301,10 +301,11 @@ def _stop_worker(worker):
     """Stop prefetch threads: each finishes the window it is reading (a C
     call cannot be interrupted), sees the stop and exits; what they read
     and nobody took is dropped."""
-    threads, stop, cond = worker
+    threads, stop, conds = worker
     stop.set()
-    with cond:
-        cond.notify_all()
+    for cond in conds:
+        with cond:
+            cond.notify_all()
     for t in threads:
         t.join()
 
@@ -1415,7 +1416,11 @@ class Reader:
         budget = max(1, min(self.prefetch_bytes // (lanes + 2), _WINDOW_BYTES))
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
         self._new_pass()
-        cond = threading.Condition()
+        lock = threading.RLock()
+        cond = threading.Condition(lock)
+        # Lanes waiting for their turn to count wake only when a turn
+        # passes, not at every window claimed or delivered (same lock).
+        turns = threading.Condition(lock)
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
               'running': lanes, 'ahead': lanes, 'turn': 1}
@@ -1441,9 +1446,9 @@ class Reader:
                 cond.notify_all()
 
         def wait_turn(turn):
-            with cond:
+            with turns:
                 while st['turn'] < turn and not stop.is_set():
-                    cond.wait(0.1)
+                    turns.wait(0.1)
 
         def count_in_turn(seq, ordinals, lane):
             """A begun index counts its leaves window after window, in
@@ -1484,10 +1489,10 @@ class Reader:
                     # after the epoch's last batch
                     self._save_if_whole()
             finally:
-                with cond:
+                with turns:
                     st['basis'].pop(seq - 1, None)
                     st['turn'] = max(st['turn'], seq + 1)
-                    cond.notify_all()
+                    turns.notify_all()
 
         def grow(batches, leaf_bytes, nrec):
             """Size the next windows from what this one cost."""
@@ -1570,7 +1575,7 @@ class Reader:
             t = threading.Thread(target=produce, args=(lane,),
                                  name='lmdbio-prefetch', daemon=True)
             threads.append(t)
-        worker = (threads, stop, cond)
+        worker = (threads, stop, (cond, turns))
         self._workers.append(worker)
         for t in threads:
             t.start()
