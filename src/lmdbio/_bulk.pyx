@@ -784,6 +784,14 @@ cdef class BulkFile:
             lio_pool_stats(self.pool, &r, &b)
         return r, b
 
+    def advice_stats(self):
+        """(read-ahead requests given to the kernel, skipped because the
+        region was found cached) by this file's reader threads so far."""
+        cdef uint64_t given = 0, skipped = 0
+        if self.pool != NULL:
+            lio_pool_advice(self.pool, &given, &skipped)
+        return given, skipped
+
     def close(self):
         self._drop_index()
         if self.pool != NULL:

@@ -214,6 +214,8 @@ cdef extern from "lmdbio.h" nogil:
     void lio_pool_get_executor(lio_pool *pool, lio_executor *ex)
     void lio_pool_stats(const lio_pool *pool, uint64_t *requests,
                         uint64_t *nbytes)
+    void lio_pool_advice(const lio_pool *pool, uint64_t *given,
+                         uint64_t *skipped)
     void lio_pool_close(lio_pool *pool)
     void lio_env_set_executor(lio_env *env, const lio_executor *ex)
     void lio_env_assume_device(lio_env *env, int on)

@@ -1,0 +1,114 @@
+"""Read-ahead advice: the Reader asks the kernel to read ahead the regions
+its next windows need (WILLNEED) unless a probe finds them cached; asking
+for a cached region costs the kernel a lookup of each of its pages.
+
+A hot epoch gives no advice, an epoch over an evicted file gives some, and
+the batches are the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import require_lmdbio
+from lmdb_fixtures import write_sized
+
+try:
+    import lmdbio
+except Exception as exc:  # pragma: no cover - a broken build
+    if require_lmdbio():
+        raise
+    pytest.skip("lmdbio cannot be imported: %r" % (exc,), allow_module_level=True)
+
+RECORDS = 24000   # 800-byte values: about 20 MB, many 1 MiB regions
+
+
+@pytest.fixture(scope="module")
+def env_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("advice") / "db")
+    write_sized(path, [800] * RECORDS)
+    return path
+
+
+def _data(path):
+    return os.path.join(path, "data.mdb")
+
+
+def _warm(path):
+    with open(_data(path), "rb") as f:
+        while f.read(1 << 20):
+            pass
+
+
+def _evict(path):
+    """Drop the file's clean pages from the page cache (fsynced first)."""
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _epoch(path, cache_dir, **kw):
+    with lmdbio.Reader(path, batch_size=256, lock=False, index_cache=cache_dir,
+                       **kw) as r:
+        batches = [(b.indices.copy(), bytes(b.values.data), b.values.offsets.copy())
+                   for b in r]
+        given, skipped = r._file.advice_stats()
+    return batches, given, skipped
+
+
+def _cached_fraction(path):
+    """How much of the file a probe finds cached (None: cannot tell)."""
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        size, hit, probes = os.fstat(fd).st_size, 0, 8
+        for i in range(probes):
+            try:
+                if os.preadv(fd, [bytearray(1)], size * i // probes,
+                             os.RWF_NOWAIT) == 1:
+                    hit += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                return None   # no RWF_NOWAIT here
+        return hit / probes
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_hot_epoch_gives_no_advice(env_path, tmp_path, shuffle):
+    cache = str(tmp_path / "ic")
+    _epoch(env_path, cache, shuffle=shuffle)   # the index cached
+    _warm(env_path)
+    if _cached_fraction(env_path) is None:
+        pytest.skip("this kernel cannot probe the page cache (RWF_NOWAIT)")
+    _, given, skipped = _epoch(env_path, cache, shuffle=shuffle)
+    assert skipped > 0
+    assert given == 0
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_evicted_file_gets_advice_and_the_same_batches(env_path, tmp_path,
+                                                       shuffle):
+    cache = str(tmp_path / "ic")
+    hot, _, _ = _epoch(env_path, cache, shuffle=shuffle)
+    _evict(env_path)
+    frac = _cached_fraction(env_path)
+    if frac is None:
+        pytest.skip("this kernel cannot probe the page cache (RWF_NOWAIT)")
+    if frac > 0.5:
+        pytest.skip("the page cache kept the file (cannot evict it here)")
+    _evict(env_path)   # (the probes read a few pages back in)
+    cold, given, _ = _epoch(env_path, cache, shuffle=shuffle)
+    assert given > 0
+    assert len(cold) == len(hot)
+    for (ia, va, oa), (ib, vb, ob) in zip(cold, hot):
+        assert np.array_equal(ia, ib)
+        assert va == vb
+        assert np.array_equal(oa, ob)
