@@ -86,8 +86,11 @@ def test_hot_epoch_gives_no_advice(env_path, tmp_path, shuffle):
     cache = str(tmp_path / "ic")
     _epoch(env_path, cache, shuffle=shuffle)   # the index cached
     _warm(env_path)
-    if _cached_fraction(env_path) is None:
+    frac = _cached_fraction(env_path)
+    if frac is None:
         pytest.skip("this kernel cannot probe the page cache (RWF_NOWAIT)")
+    if frac < 1:
+        pytest.skip("the page cache did not keep the file (memory pressure)")
     _, given, skipped = _epoch(env_path, cache, shuffle=shuffle)
     assert skipped > 0
     assert given == 0
