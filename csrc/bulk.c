@@ -63,6 +63,7 @@ struct lio_bulk {
     /* duplicates that live in a sub-database are copied out here */
     uint8_t *arena;
     size_t arena_len, arena_cap;
+    size_t arena_recs;        /* records of the current batch in it */
     lio_cursor *dupcur;       /* walks duplicates kept in sub-databases */
     uint8_t dup_key[LIO_MAX_KEY_SIZE];
     uint32_t dup_klen;
@@ -254,6 +255,16 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
                 ord >= idx->first[leaf + 1])
                 leaf = lio_index_find(idx, ord);
             pg = idx->leaf_pgno[leaf];
+            {
+                /* Consecutive ordinals (key order): the rest of this
+                 * leaf's records name the same page; skip them when the
+                 * one at the leaf's end is where a run puts it (advice
+                 * may miss, so a coincidence costs nothing worse). */
+                uint64_t left = idx->first[leaf + 1] - 1 - ord;
+                if (left && left < n - i &&
+                    (uint64_t)ordinals[i + left] == ord + left)
+                    i += left;
+            }
         }
         if (np && pages[np - 1] == pg)
             continue;
@@ -483,6 +494,7 @@ done:
     r->val = NULL;
     r->vsize = v.size;
     r->arena_at = (int64_t)at; /* a pointer once the arena stops moving */
+    b->arena_recs++;
     return LIO_SUCCESS;
 }
 
@@ -582,7 +594,8 @@ static int locate(lio_bulk *b, const uint8_t *p, uint64_t pg, uint64_t rank,
  * more densely is read whole, one large read instead of many small ones).
  * Sizes them from the map and adds their bytes to *kb, *vb. */
 static int choose_mapped(lio_bulk *b, const uint64_t *leafof, size_t n,
-                         int ascending, uint64_t *kb, uint64_t *vb)
+                         int ascending, uint64_t *kb, uint64_t *vb,
+                         size_t *nmapped)
 {
     const lio_index *idx = b->idx;
     uint64_t lo = idx->first[0], psize = b->env->psize;
@@ -615,6 +628,7 @@ static int choose_mapped(lio_bulk *b, const uint64_t *leafof, size_t n,
             r->key = r->val = NULL;
             r->ovpg = 0;
             r->arena_at = -1;
+            (*nmapped)++;
             if ((rc = lio_check_extent(b->env, r->at, r->ksize + r->vsize,
                                        pg, &b->err)))
                 return rc;
@@ -812,6 +826,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                                                 __ATOMIC_ACQUIRE)];
     uint64_t kb = 0, vb = 0, *leafof, prev = 0;
     size_t nleafy = 0;        /* records read through their leaf */
+    size_t nmapped = 0;       /* records the map reads straight */
     int ascending = 1;
     int rc = LIO_SUCCESS;
 
@@ -826,6 +841,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     b->nleaves = 0;
     b->leaves_read = 0;
     b->arena_len = 0;
+    b->arena_recs = 0;
     if (lio_grow((void **)&b->recs, &b->recs_cap, n ? n : 1, sizeof *b->recs))
         return end_step(b, oom(b));
     leafof = malloc((n ? n : 1) * sizeof *leafof);
@@ -864,16 +880,21 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         r->ordinal = ord;
         r->at = 0;
     }
-    if (map && (rc = choose_mapped(b, leafof, n, ascending, &kb, &vb)))
+    if (map && (rc = choose_mapped(b, leafof, n, ascending, &kb, &vb,
+                                   &nmapped)))
         goto out;
-    /* The leaves of the other records. */
-    ascending = 1;
-    for (size_t i = 0; i < n; i++) {
-        if (b->recs[i].at)
-            continue;
-        if (nleafy && leafof[i] < leafof[nleafy - 1])
-            ascending = 0;
-        leafof[nleafy++] = leafof[i];   /* (nleafy <= i) */
+    /* The leaves of the other records (all of them: as they are). */
+    if (nmapped == 0) {
+        nleafy = n;
+    } else {
+        ascending = 1;
+        for (size_t i = 0; i < n; i++) {
+            if (b->recs[i].at)
+                continue;
+            if (nleafy && leafof[i] < leafof[nleafy - 1])
+                ascending = 0;
+            leafof[nleafy++] = leafof[i];   /* (nleafy <= i) */
+        }
     }
     /* Distinct leaves, in key order (a sequential batch is sorted already). */
     if (lio_grow((void **)&b->leaves, &b->leaves_cap, n ? n : 1,
@@ -921,7 +942,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         vb += r->vsize;
     }
     /* Arena offsets become pointers now that it has stopped growing. */
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; b->arena_recs && i < n; i++)
         if (b->recs[i].arena_at >= 0)
             b->recs[i].val = b->arena + b->recs[i].arena_at;
     b->nrecs = n;
