@@ -22,6 +22,12 @@ from lmdbio.errors import make_error
 from lmdbio._core cimport *   # the C core's declarations (_core.pxd)
 
 
+# lio_index_build and lio_index_begin: a new index over a snapshot.
+ctypedef int (*_index_open)(lio_index **out, lio_env *env, const lio_meta *snap,
+                            const lio_dbrec *db, const lio_executor *ex,
+                            lio_error *err) noexcept nogil
+
+
 cdef int _py_run(void *ctx, const lio_plan *plan, lio_error *err) noexcept nogil:
     with gil:
         return (<BulkFile>ctx)._run_in_python(plan, err)
@@ -292,31 +298,28 @@ cdef class BulkFile:
     def psize(self):
         return self.snap.psize
 
-    def build_index(self):
+    cdef _new_index(self, _index_open make):
+        """Replace the index with one `make` (lio_index_build or
+        lio_index_begin) opens over this file's snapshot."""
         cdef lio_error err
         cdef int rc
         self._drop_index()
         with nogil:
-            rc = lio_index_build(&self.idx, self.env, &self.snap, &self.db,
-                                 &self.posix_ex, &err)
+            rc = make(&self.idx, self.env, &self.snap, &self.db,
+                      &self.posix_ex, &err)
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()
+
+    def build_index(self):
+        self._new_index(lio_index_build)
         return self.idx.pages_read
 
     def begin_index(self):
         """An index whose leaves are counted as reads need them (from the
         same reads): an epoch in key order then reads each leaf once.
         index_pending until every leaf is counted (finish_index)."""
-        cdef lio_error err
-        cdef int rc
-        self._drop_index()
-        with nogil:
-            rc = lio_index_begin(&self.idx, self.env, &self.snap, &self.db,
-                                 &self.posix_ex, &err)
-        if rc:
-            raise _error(self.path, &err)
-        self._open_bulk()
+        self._new_index(lio_index_begin)
 
     @property
     def index_pending(self):
