@@ -97,8 +97,10 @@ cdef class _MemoryPool:
         cdef size_t i, best = <size_t>-1, cap
         for i in range(len(self.free_blocks)):
             cap = self.free_blocks[i][1]
+            # the smallest that fits; among equals the last returned,
+            # whose lines the cache is likeliest still to hold
             if cap >= need and (best == <size_t>-1 or
-                                cap < self.free_blocks[best][1]):
+                                cap <= self.free_blocks[best][1]):
                 best = i
         if best != <size_t>-1:
             addr, cap = self.free_blocks.pop(best)
