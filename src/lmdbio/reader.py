@@ -1423,9 +1423,14 @@ class Reader:
         turns = threading.Condition(lock)
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
-              'running': lanes, 'ahead': lanes, 'turn': 1}
+              'running': lanes, 'ahead': lanes, 'turn': 1,
+              'advised': first_pos}
 
         def claim():
+            """(seq, start, records, advise from, advise to) of the next
+            window, or None.  Each window advises the storage of the
+            positions up to two windows past it not advised yet (by either
+            lane): every position once, not once per lane."""
             with cond:
                 while not stop.is_set() and st['pos'] < total and \
                         st['seq'] - st['taken'] > st['ahead']:
@@ -1433,7 +1438,11 @@ class Reader:
                 if stop.is_set() or st['pos'] >= total:
                     return None
                 nrec = min(total - st['pos'], st['nbatch'] * bs)
-                claimed = st['seq'], st['pos'], nrec
+                start = st['pos']
+                lo = max(st['advised'], start + nrec)
+                hi = min(total, start + 3 * nrec)
+                st['advised'] = max(st['advised'], hi)
+                claimed = st['seq'], start, nrec, lo, hi
                 st['seq'] += 1
                 st['pos'] += nrec
                 ws = self.window_stats
@@ -1520,17 +1529,16 @@ class Reader:
                     claimed = claim()
                     if claimed is None:
                         return
-                    seq, start, nrec = claimed
+                    seq, start, nrec, adv_lo, adv_hi = claimed
                     batches = None
                     try:
                         # Read-ahead: the storage fetches the next windows'
                         # regions while this one is read.
-                        ahead = min(total, start + 3 * nrec)
-                        if ahead > start + nrec:
+                        if adv_hi > adv_lo:
                             with self._lane_locks[lane]:
                                 if self._file is not None:
                                     self._file.advise(self._window_ordinals(
-                                        start + nrec, ahead), lane)
+                                        adv_lo, adv_hi), lane)
                         ordinals = self._window_ordinals(start, start + nrec)
                         if counting:
                             count_in_turn(seq, ordinals, lane)
@@ -1555,7 +1563,8 @@ class Reader:
         # any thread starts: a Reader opened for one batch (a map-style
         # dataset, a shard's first batch) starts no thread.
         counting = self._parts is None and self._file.index_pending
-        seq, start, nrec = claim()
+        seq, start, nrec, _, _ = claim()
+        st['advised'] = start + nrec   # (not advised: the lanes do)
         first, leaf_bytes = self._window_batches(
             self._window_ordinals(start, start + nrec))
         if counting:   # what windows 1 and 2 expect their leaves from
