@@ -107,11 +107,20 @@ def test_evicted_file_gets_advice_and_the_same_batches(env_path, tmp_path,
         pytest.skip("this kernel cannot probe the page cache (RWF_NOWAIT)")
     if frac > 0.5:
         pytest.skip("the page cache kept the file (cannot evict it here)")
-    _evict(env_path)   # (the probes read a few pages back in)
-    cold, given, _ = _epoch(env_path, cache, shuffle=shuffle)
-    assert given > 0
-    assert len(cold) == len(hot)
-    for (ia, va, oa), (ib, vb, ob) in zip(cold, hot):
-        assert np.array_equal(ia, ib)
-        assert va == vb
-        assert np.array_equal(oa, ob)
+    # The kernel's own read-ahead sometimes fetches the whole 20 MB file
+    # while the first window is read (about one run in twenty here), so
+    # that every probe then finds its region cached: advice must be given
+    # in one of three evicted epochs, and every epoch's batches must match.
+    given = []
+    for attempt in range(3):
+        _evict(env_path)   # (the probes read a few pages back in)
+        cold, g, _ = _epoch(env_path, cache, shuffle=shuffle)
+        given.append(g)
+        assert len(cold) == len(hot)
+        for (ia, va, oa), (ib, vb, ob) in zip(cold, hot):
+            assert np.array_equal(ia, ib)
+            assert va == vb
+            assert np.array_equal(oa, ob)
+        if g > 0:
+            break
+    assert max(given) > 0, given
