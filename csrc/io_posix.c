@@ -280,6 +280,7 @@ struct lio_pool {
     lio_error err;
     uint64_t requests, bytes;
     uint64_t advised, advice_skipped;
+    uint64_t gaps_skipped;    /* planned gaps a cached read did not copy */
     pid_t pid;                /* the process whose threads these are */
 };
 
@@ -468,22 +469,48 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
 
 /* Read r if the page cache holds all of it, without blocking: 1 when done.
  * Cached data needs no reader thread (a hand-off costs more than the copy);
- * what is not cached goes to the threads, many requests in flight. */
+ * what is not cached goes to the threads, many requests in flight.
+ * A gap of HOT_GAP bytes or more is skipped rather than copied into the
+ * sink: the plan merged it for the storage, where a request costs far more
+ * than the bytes, but from the page cache another call costs less than
+ * copying 8 KiB (a call about 0.5-0.8 us, the copy about 0.8 us, measured).  The plan, and so what the storage sees and the
+ * request counts, stay the same. */
+#define HOT_GAP (8u << 10)
 static int read_cached(lio_pool *pool, const lio_plan *plan, const lio_read *r)
 {
     struct iovec iov[MAX_IOV];
-    ssize_t n;
+    uint64_t off = r->off, at = r->off, skipped = 0;
+    size_t k = 0, want = 0;
     if (r->nseg > MAX_IOV)
         return 0;
-    for (size_t i = 0; i < r->nseg; i++) {
-        iov[i].iov_base = plan->segs[r->first_seg + i].dst;
-        iov[i].iov_len = plan->segs[r->first_seg + i].len;
+    for (size_t i = 0; i <= r->nseg; i++) {
+        const lio_seg *sg = i < r->nseg ? &plan->segs[r->first_seg + i] : NULL;
+        if (sg && !(sg->dst == plan->sink && sg->len >= HOT_GAP)) {
+            iov[k].iov_base = sg->dst;
+            iov[k].iov_len = sg->len;
+            k++;
+            want += sg->len;
+            off += sg->len;
+            continue;
+        }
+        if (k) {   /* what comes before the gap (or the end) */
+            ssize_t n = preadv2(pool->p->fd, iov, (int)k, (off_t)at,
+                                RWF_NOWAIT);
+            if (n < 0 && errno != EAGAIN && errno != EINTR)
+                pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel */
+            if (n != (ssize_t)want)
+                return 0; /* not (all) cached: read it the blocking way */
+        }
+        if (!sg)
+            break;
+        skipped++;
+        off += sg->len;   /* the gap, skipped */
+        at = off;
+        k = 0;
+        want = 0;
     }
-    n = preadv2(pool->p->fd, iov, (int)r->nseg, (off_t)r->off, RWF_NOWAIT);
-    if (n < 0 && errno != EAGAIN && errno != EINTR)
-        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
-    if (n != (ssize_t)r->len)
-        return 0; /* not (all) cached: read it the blocking way */
+    if (skipped)
+        __atomic_add_fetch(&pool->gaps_skipped, skipped, __ATOMIC_RELAXED);
     count_reads(pool, 1, r->len);
     return 1;
 }
@@ -665,6 +692,11 @@ void lio_pool_advice(const lio_pool *pool, uint64_t *given, uint64_t *skipped)
 {
     *given = __atomic_load_n(&pool->advised, __ATOMIC_RELAXED);
     *skipped = __atomic_load_n(&pool->advice_skipped, __ATOMIC_RELAXED);
+}
+
+uint64_t lio_pool_gaps_skipped(const lio_pool *pool)
+{
+    return __atomic_load_n(&pool->gaps_skipped, __ATOMIC_RELAXED);
 }
 
 void lio_pool_close(lio_pool *pool)

@@ -619,13 +619,15 @@ int lio_fault_injection(uint64_t *injected);
 /* A pool of reader threads performing plans with preadv on a posix source
  * (several requests in flight for high-latency storage).  Requests and
  * bytes are counted for the benchmarks, read-ahead advice given and
- * skipped (the region was cached) for the tests. */
+ * skipped (the region was cached), and planned gaps that reads found cached
+ * skipped instead of copying, for the tests. */
 typedef struct lio_pool lio_pool;
 int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
                   lio_error *err);
 void lio_pool_get_executor(lio_pool *pool, lio_executor *ex);
 void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes);
 void lio_pool_advice(const lio_pool *pool, uint64_t *given, uint64_t *skipped);
+uint64_t lio_pool_gaps_skipped(const lio_pool *pool);
 void lio_pool_close(lio_pool *pool);
 
 #ifdef __cplusplus

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
-    COMBOS_BY_ID, LmdbFile, patch, read_all_pylmdb, value_of,
-    write_env, write_items,
+    COMBOS_BY_ID, LmdbFile, data_file, patch, read_all_pylmdb, value_of,
+    write_env, write_items, write_sized,
 )
 
 try:
@@ -299,6 +299,32 @@ def test_shuffled_window_reads_each_leaf_once(scattered_env):
     assert sorted(b.indices.tolist()) == list(range(len(items)))
     assert nbytes == leaves * PAGE            # each leaf once, no holes
     assert requests <= leaves
+
+
+def test_cached_reads_skip_wide_gaps_and_return_the_same(tmp_path):
+    """Read from the page cache, a planned read skips the gaps of 8 KiB or
+    more that it merged for the storage (another call costs less than the
+    copy): a shuffled epoch through the record map, whose reads bridge such
+    gaps, returns exactly what py-lmdb holds, and skipped some."""
+    path = str(tmp_path / "db")
+    items = write_sized(path, [800] * 3000)
+    cache = str(tmp_path / "ic")
+    with lmdbio.Reader(path, batch_size=500, shuffle=True,
+                       index_cache=cache) as r:
+        list(r)                     # the index (and its map) cached
+    with open(data_file(path), "rb") as f:   # hot: all of it cached
+        f.read()
+    with lmdbio.Reader(path, batch_size=500, shuffle=True, seed=3,
+                       index_cache=cache, storage=(1e-3, 1e9)) as r:
+        assert r.index_from_cache
+        seen = 0
+        for b in r:
+            for i, v in zip(b.indices.tolist(), b.values.tolist()):
+                assert v == items[i][1]
+                seen += 1
+        skipped = r._file.gaps_skipped()
+    assert seen == len(items)
+    assert skipped > 0
 
 
 @pytest.mark.parametrize("cache", ["keep", "drop"])

@@ -797,6 +797,11 @@ cdef class BulkFile:
             lio_pool_advice(self.pool, &given, &skipped)
         return given, skipped
 
+    def gaps_skipped(self):
+        """Planned gaps that reads from the page cache skipped instead of
+        copying them into the plan's sink, so far."""
+        return lio_pool_gaps_skipped(self.pool) if self.pool != NULL else 0
+
     def close(self):
         self._drop_index()
         if self.pool != NULL:

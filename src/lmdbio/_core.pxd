@@ -216,6 +216,7 @@ cdef extern from "lmdbio.h" nogil:
                         uint64_t *nbytes)
     void lio_pool_advice(const lio_pool *pool, uint64_t *given,
                          uint64_t *skipped)
+    uint64_t lio_pool_gaps_skipped(const lio_pool *pool)
     void lio_pool_close(lio_pool *pool)
     void lio_env_set_executor(lio_env *env, const lio_executor *ex)
     void lio_env_assume_device(lio_env *env, int on)
