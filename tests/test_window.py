@@ -142,6 +142,36 @@ def test_read_window_any_batch_ends(tmp_path_factory, data):
         f.close()
 
 
+def test_read_window_advice_and_newest_change_nothing_read(tmp_path):
+    """read_window's advice for windows to come and its newest txnid (both
+    taken in the window's own steps) leave the batches as they were, and
+    the txnid is the one newest_txnid() reads, also after a commit."""
+    path = str(tmp_path)
+    items = [(b"k%04d" % i, value_of(i, [5, 900, 2 * PAGE][i % 3]))
+             for i in range(300)]
+    write_items(path, items)
+    f = BulkFile(os.path.join(path, "data.mdb"))
+    try:
+        assert f.snapshot(0)
+        f.build_index()
+        ords = np.arange(40, 140, dtype=np.int64)
+        ends = np.array([30, 60, 100], dtype=np.intp)
+        plain, lb = f.read_window(ords, ends, True)
+        got = f.read_window(ords, ends, True, advise=np.arange(140, 300),
+                            newest=True)
+        assert len(got) == 3 and got[1] == lb
+        assert got[2] == f.newest_txnid() == f.txnid
+        for a, b in zip(plain, got[0]):
+            assert all(bytes(x) == bytes(y) for x, y in zip(a, b))
+        import lmdb
+        with lmdb.open(path) as env, env.begin(write=True) as txn:
+            txn.put(b"zzz", b"1")
+        assert f.read_window(ords, ends, False, newest=True)[2] == \
+            f.txnid + 1 == f.newest_txnid()
+    finally:
+        f.close()
+
+
 def test_read_window_rejects_bad_ends(tmp_path):
     write_items(str(tmp_path), [(b"a", b"1"), (b"b", b"2")])
     f = BulkFile(str(tmp_path / "data.mdb"))

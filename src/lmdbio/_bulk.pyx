@@ -669,13 +669,25 @@ cdef class BulkFile:
         return self.read_window(ords, ends, keys, agree, independent)[0][0]
 
     def read_window(self, ordinals, ends, bint keys=True, agree=None,
-                    bint independent=False, int lane=0):
+                    bint independent=False, int lane=0, advise=None,
+                    bint newest=False):
         """Several batches read together: batch j holds the records
         ordinals[ends[j-1]:ends[j]].  Each distinct leaf is read once and
         the overflow values of all batches in one plan.  Returns (batches,
         leaf_bytes): per batch (kdata, koff, vdata, voff) as in read(), the
-        arrays views of a few blocks shared by the window."""
+        arrays views of a few blocks shared by the window.  `advise`:
+        ordinals of windows to come, advised first (as advise()); with
+        `newest`, the newest committed txnid read after the batches (as
+        newest_txnid()) comes third.  Both join the window's own steps
+        without the GIL: each release is a chance for another thread to
+        take it, and the reader's lanes would wait for it back."""
         cdef int64_t[::1] ords = np.ascontiguousarray(ordinals, dtype=np.int64)
+        cdef int64_t[::1] adv
+        cdef const int64_t *aptr = NULL
+        cdef size_t nadv = 0
+        cdef lio_meta metas[2]
+        cdef lio_error merr
+        cdef int mrc = 1
         cdef Py_ssize_t[::1] ev = np.ascontiguousarray(ends, dtype=np.intp)
         cdef size_t n = ords.shape[0], nb = ev.shape[0], j
         cdef uint64_t kb = 0, vb = 0, leaf_bytes = 0
@@ -691,7 +703,13 @@ cdef class BulkFile:
         b = self._independent(lane) if independent else self.bulk
         if n and lio_index_pending(self.idx):
             self._extend(b, <uint64_t>max(0, int(np.max(ords))), True)
+        if advise is not None and len(advise):
+            adv = np.ascontiguousarray(advise, dtype=np.int64)
+            aptr = &adv[0]
+            nadv = adv.shape[0]
         with nogil:
+            if nadv:
+                lio_bulk_advise(b, aptr, nadv)
             rc = lio_bulk_prepare(b, optr, n, &kb, &vb)
             leaf_bytes = lio_bulk_leaf_bytes(b)
         e = self._step_error(lio_bulk_error(b)) if rc else None
@@ -748,6 +766,8 @@ cdef class BulkFile:
                     outs[j].koff = NULL
             with nogil:
                 rc = lio_bulk_fill_batches(b, <const size_t *>&ev[0], nb, outs)
+                if newest and rc == 0:
+                    mrc = lio_env_read_metas(self.env, metas, &merr)
         finally:
             free(outs)
         e = self._step_error(lio_bulk_error(b)) if rc else None
@@ -766,6 +786,9 @@ cdef class BulkFile:
                                 koffs[first + j:last + j + 1], vd_j, vo_j))
             else:
                 batches.append((None, None, vd_j, vo_j))
+        if newest:
+            return batches, leaf_bytes, (
+                0 if mrc else max(metas[0].txnid, metas[1].txnid))
         return batches, leaf_bytes
 
     def newest_txnid(self):

@@ -383,7 +383,10 @@ class _Parts:
                 r._file.advise(mine - self.starts[p], lane)
 
     def read_window(self, ordinals, ends, keys=True, independent=True,
-                    lane=0):
+                    lane=0, advise=None, newest=False):
+        # (newest: each part checks its own snapshot below)
+        if advise is not None:
+            self.advise(advise, lane)
         ordinals = np.ascontiguousarray(ordinals, dtype=np.int64)
         ends = np.asarray(ends, dtype=np.intp)
         nb, n = len(ends), len(ordinals)
@@ -1086,16 +1089,18 @@ class Reader:
         keys = Ragged(kdata, koff) if kdata is not None else None
         return Batch(ordinals, keys, Ragged(vdata, voff))
 
-    def _check_snapshot(self):
+    def _check_snapshot(self, newest=None):
         """lock=False: after each batch, the newest txnid must be at most
         one past the snapshot.  A writer reuses the pages of a snapshot only
         from the second transaction after it on, so a batch read before that
         came from intact pages; otherwise SnapshotChangedError, never a
-        batch that may mix two snapshots."""
+        batch that may mix two snapshots.  `newest`: the txnid read after
+        the batch (else read here)."""
         if self._parts is not None:
             return  # each environment was checked by its own Reader
         snap = self._file.txnid
-        newest = self._file.newest_txnid()
+        if newest is None:
+            newest = self._file.newest_txnid()
         if newest >= snap + 2:
             exc = SnapshotChangedError(
                 '%s: snapshot txn %d was read without a reader slot '
@@ -1348,27 +1353,31 @@ class Reader:
         yield from self._iter_windows(total, start * self.batch_size)
         self._save_if_whole()
 
-    def _window_batches(self, ordinals, lane=0):
+    def _window_batches(self, ordinals, lane=0, advise=None):
         """The batches of one window, read together (leaves once each,
         overflow values in one plan) by batch reader `lane`: (batches,
         leaf bytes read), or (None, 0) when the window failed and must be
         read batch by batch (so that every batch before a damaged one is
-        delivered intact)."""
+        delivered intact).  `advise`: ordinals of windows to come, whose
+        regions the storage is asked for first."""
         bs = self.batch_size
         ends = np.arange(bs, len(ordinals) + bs, bs, dtype=np.intp)
         ends[-1] = len(ordinals)
+        check = self._env is None and self._coll is None and \
+            self._parts is None
         try:
             with self._lane_locks[lane]:
                 if self._file is None:
                     raise Error('%s: the Reader was closed' % self.path)
                 try:
-                    parts, leaf_bytes = self._file.read_window(
+                    got = self._file.read_window(
                         ordinals, ends, self.keys_wanted, independent=True,
-                        lane=lane)
+                        lane=lane, advise=advise, newest=check)
                 except (CorruptedError, PageNotFoundError) as e:
                     raise self._snapshot_changed(e) from e
-                if self._env is None and self._coll is None:
-                    self._check_snapshot()
+                parts, leaf_bytes = got[0], got[1]
+                if check:
+                    self._check_snapshot(got[2])
         except Error:
             if len(ends) == 1:
                 raise
@@ -1533,17 +1542,21 @@ class Reader:
                     batches = None
                     try:
                         # Read-ahead: the storage fetches the next windows'
-                        # regions while this one is read.
-                        if adv_hi > adv_lo:
+                        # regions while this one is read (advised with the
+                        # window's own read, or before a first start's
+                        # counting turn).
+                        advice = self._window_ordinals(adv_lo, adv_hi) \
+                            if adv_hi > adv_lo else None
+                        if counting and advice is not None:
                             with self._lane_locks[lane]:
                                 if self._file is not None:
-                                    self._file.advise(self._window_ordinals(
-                                        adv_lo, adv_hi), lane)
+                                    self._file.advise(advice, lane)
+                            advice = None
                         ordinals = self._window_ordinals(start, start + nrec)
                         if counting:
                             count_in_turn(seq, ordinals, lane)
-                        batches, leaf_bytes = self._window_batches(ordinals,
-                                                                   lane)
+                        batches, leaf_bytes = self._window_batches(
+                            ordinals, lane, advice)
                         if batches is None:  # damaged: batch by batch
                             batches = []
                             for s in range(0, nrec, bs):
