@@ -21,13 +21,18 @@ the notes come from interleaved runs:
     python benches/bench_reader.py shard-start [--records 10000,100000,1000000] [--fresh]
     python benches/bench_reader.py rss [--datasets big-300,big,small-50000,small]
     python benches/bench_reader.py page-cache [--dataset small] [--records N]
+    python benches/bench_reader.py ceiling [--dataset small | --dir DIR] [--rounds 5]
 
 ``shard-start`` is ``lmdbio bench --peers dali-shard,caffe-shard,reader-shard``
 on the small dataset at each N; ``rss`` runs every (peer, dataset) in a
 fresh subprocess and prints peak RSS next to the file size; ``page-cache``
 measures how much of data.mdb one epoch leaves in the page cache, with
 ``Reader(cache="keep")`` and ``cache="drop"`` (where the Reader has that
-argument) next to py-lmdb's cursor walk.
+argument) next to py-lmdb's cursor walk.  ``ceiling`` measures how close a
+hot epoch in key order comes to the machine, in one process, interleaved:
+raw pread, the Reader's C path of a window alone (``read_window`` over
+consecutive windows, one thread, then two threads over the two halves: no
+Python between windows, no hand-offs) and a Reader epoch (later start).
 """
 
 from __future__ import annotations
@@ -347,6 +352,78 @@ if pytest is not None:
 
 
 # --------------------------------------------------------------------------
+# ceiling: the C path of a window alone, next to raw pread and the Reader
+# --------------------------------------------------------------------------
+
+def _window_pass(f, lo, hi, window, batch, lane):
+    """read_window over records [lo, hi) in windows of `window` records,
+    each result dropped at once (its memory block reused)."""
+    import numpy as np
+    for s in range(lo, hi, window):
+        e = min(hi, s + window)
+        ends = np.arange(s + batch, e + batch, batch, dtype=np.intp) - s
+        ends[-1] = e - s
+        f.read_window(np.arange(s, e, dtype=np.int64), ends, False,
+                      independent=True, lane=lane)
+
+
+def ceiling(path, rounds=5, window_batches=10, log=None):
+    """Seconds per hot epoch of each way of reading `path` in key order
+    (medians of `rounds`, the ways interleaved A B C D / D C B A)."""
+    import threading
+    lmdbio = bench.lmdbio_module()
+    cache = tempfile.mkdtemp(prefix="ceiling-index-")
+    raw = bench.RawPread()
+    try:
+        bench.reader_epoch(lmdbio, path, index_cache=cache)  # index cached
+        r = lmdbio.Reader(path, lock=False, index_cache=cache)
+        next(iter(r))        # policies set, the file open
+        f, n, bs = r._file, r.total_records, r.batch_size
+        window = window_batches * bs
+
+        def one():
+            _window_pass(f, 0, n, window, bs, 0)
+
+        def two():
+            half = (n // 2 // bs) * bs
+            t = threading.Thread(target=_window_pass,
+                                 args=(f, half, n, window, bs, 1))
+            t.start()
+            _window_pass(f, 0, half, window, bs, 0)
+            t.join()
+
+        ways = [("raw pread", lambda: raw(path)),
+                ("C path, 1 thread", one),
+                ("C path, 2 threads", two),
+                ("Reader, later start",
+                 lambda: bench.reader_epoch(lmdbio, path, index_cache=cache))]
+        for _, fn in ways:
+            fn()     # warm: the file and the blocks
+        times = {name: [] for name, _ in ways}
+        for k in range(rounds):
+            for name, fn in (ways if k % 2 == 0 else ways[::-1]):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+            if log:
+                log(f"ceiling round {k + 1}/{rounds}")
+        r.close()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+    return [dict(way=name, seconds=med[name],
+                 x_pread=med["raw pread"] / med[name]) for name, _ in ways]
+
+
+def format_ceiling(rows) -> str:
+    out = [f"{'way':<22} {'ms':>8} {'x raw pread':>12}", "-" * 44]
+    for row in rows:
+        out.append(f"{row['way']:<22} {row['seconds'] * 1e3:8.1f} "
+                   f"{row['x_pread']:11.2f}x")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------
 
@@ -380,6 +457,14 @@ def main(argv=None):
     r.add_argument("--peers", default=",".join(RSS_PEERS))
     r.add_argument("--json")
     r.add_argument("-q", "--quiet", action="store_true")
+    e = sub.add_parser("ceiling", help="a hot epoch's C path alone vs raw "
+                                       "pread and the Reader")
+    e.add_argument("--dataset", default="small")
+    e.add_argument("--records", type=int, default=None)
+    e.add_argument("--dir", help="an existing environment instead")
+    e.add_argument("--rounds", type=int, default=5)
+    e.add_argument("--json")
+    e.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
 
     def log(msg):
@@ -407,6 +492,16 @@ def main(argv=None):
               f"machine: other work adds to it); {info['time']} commit "
               f"{info.get('commit', '?')}\n")
         print(format_page_cache(rows, modes))
+        data = rows
+    elif a.cmd == "ceiling":
+        path = a.dir or benchlib.dataset_path(a.dataset, a.records)
+        rows = ceiling(path, a.rounds, log=log)
+        print(f"\n# hot epoch in key order of {os.path.basename(path)}, one "
+              f"process, medians of {a.rounds} interleaved rounds; C path = "
+              f"the Reader's read_window over consecutive windows of 10 "
+              f"batches, no Python between them; {info['time']} commit "
+              f"{info.get('commit', '?')}\n")
+        print(format_ceiling(rows))
         data = rows
     else:
         rows = rss([d for d in a.datasets.split(",") if d],
