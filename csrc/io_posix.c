@@ -473,8 +473,9 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
  * A gap of HOT_GAP bytes or more is skipped rather than copied into the
  * sink: the plan merged it for the storage, where a request costs far more
  * than the bytes, but from the page cache another call costs less than
- * copying 8 KiB (a call about 0.5-0.8 us, the copy about 0.8 us, measured).  The plan, and so what the storage sees and the
- * request counts, stay the same. */
+ * copying 8 KiB (measured: a call 0.5-0.8 us, the copy about 0.8 us).  The
+ * plan, and so what the storage sees and the request counts, stay the
+ * same. */
 #define HOT_GAP (8u << 10)
 static int read_cached(lio_pool *pool, const lio_plan *plan, const lio_read *r)
 {
