@@ -147,6 +147,17 @@ def _fault_injected():
     return n
 
 
+cdef uint64_t _newest_txnid(lio_env *env) noexcept nogil:
+    """The newest committed txnid in the file now (both meta pages
+    re-read), or 0 if they cannot be read."""
+    cdef lio_meta metas[2]
+    cdef lio_error err
+    if env == NULL or lio_env_read_metas(env, metas, &err):
+        return 0
+    return metas[0].txnid if metas[0].txnid > metas[1].txnid \
+        else metas[1].txnid
+
+
 def aligned_bytes(size_t n, size_t phase=0):
     """A uint8 array of n bytes whose first byte sits `phase` bytes past a
     4096-byte boundary, from recycled memory."""
@@ -685,9 +696,7 @@ cdef class BulkFile:
         cdef int64_t[::1] adv
         cdef const int64_t *aptr = NULL
         cdef size_t nadv = 0
-        cdef lio_meta metas[2]
-        cdef lio_error merr
-        cdef int mrc = 1
+        cdef uint64_t newest_id = 0
         cdef Py_ssize_t[::1] ev = np.ascontiguousarray(ends, dtype=np.intp)
         cdef size_t n = ords.shape[0], nb = ev.shape[0], j
         cdef uint64_t kb = 0, vb = 0, leaf_bytes = 0
@@ -767,7 +776,7 @@ cdef class BulkFile:
             with nogil:
                 rc = lio_bulk_fill_batches(b, <const size_t *>&ev[0], nb, outs)
                 if newest and rc == 0:
-                    mrc = lio_env_read_metas(self.env, metas, &merr)
+                    newest_id = _newest_txnid(self.env)
         finally:
             free(outs)
         e = self._step_error(lio_bulk_error(b)) if rc else None
@@ -787,23 +796,16 @@ cdef class BulkFile:
             else:
                 batches.append((None, None, vd_j, vo_j))
         if newest:
-            return batches, leaf_bytes, (
-                0 if mrc else max(metas[0].txnid, metas[1].txnid))
+            return batches, leaf_bytes, newest_id
         return batches, leaf_bytes
 
     def newest_txnid(self):
         """The newest committed txnid in the file now (both meta pages
         re-read), or 0 if they cannot be read."""
-        cdef lio_meta metas[2]
-        cdef lio_error err
-        cdef int rc
-        if self.env == NULL:
-            return 0
+        cdef uint64_t t
         with nogil:
-            rc = lio_env_read_metas(self.env, metas, &err)
-        if rc:
-            return 0
-        return max(metas[0].txnid, metas[1].txnid)
+            t = _newest_txnid(self.env)
+        return t
 
     def stats(self):
         """(read requests, bytes read) by the reader threads so far."""
