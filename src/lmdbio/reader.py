@@ -1435,11 +1435,12 @@ class Reader:
               'running': lanes, 'ahead': lanes, 'turn': 1,
               'advised': first_pos}
 
-        def claim():
+        def claim(advising=True):
             """(seq, start, records, advise from, advise to) of the next
             window, or None.  Each window advises the storage of the
             positions up to two windows past it not advised yet (by either
-            lane): every position once, not once per lane."""
+            lane): every position once, not once per lane.  A claimer not
+            advising leaves the positions past its window to the next."""
             with cond:
                 while not stop.is_set() and st['pos'] < total and \
                         st['seq'] - st['taken'] > st['ahead']:
@@ -1449,7 +1450,7 @@ class Reader:
                 nrec = min(total - st['pos'], st['nbatch'] * bs)
                 start = st['pos']
                 lo = max(st['advised'], start + nrec)
-                hi = min(total, start + 3 * nrec)
+                hi = min(total, start + 3 * nrec) if advising else lo
                 st['advised'] = max(st['advised'], hi)
                 claimed = st['seq'], start, nrec, lo, hi
                 st['seq'] += 1
@@ -1576,8 +1577,7 @@ class Reader:
         # any thread starts: a Reader opened for one batch (a map-style
         # dataset, a shard's first batch) starts no thread.
         counting = self._parts is None and self._file.index_pending
-        seq, start, nrec, _, _ = claim()
-        st['advised'] = start + nrec   # (not advised: the lanes do)
+        seq, start, nrec, _, _ = claim(advising=False)   # (the lanes do)
         first, leaf_bytes = self._window_batches(
             self._window_ordinals(start, start + nrec))
         if counting:   # what windows 1 and 2 expect their leaves from
