@@ -708,13 +708,11 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
     return run_plan(b);
 }
 
+static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
+
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
 {
-    uint64_t psize = b->env->psize;
-    uint64_t round_max = EXTEND_ROUND / psize ? EXTEND_ROUND / psize : 1;
-    uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
-    uint64_t *keyed = NULL;
-    int rc = LIO_SUCCESS;
+    int rc;
 
     b->err.code = 0;
     b->ran = 0;
@@ -724,6 +722,22 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                                     "index"));
     if (!lio_index_pending(idx) || lio_index_holds(idx, need))
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
+    pthread_mutex_lock(&idx->grow);
+    rc = extend(b, idx, need, keep);
+    pthread_mutex_unlock(&idx->grow);
+    return rc;
+}
+
+/* lio_bulk_extend under the index's lock (another extension may have
+ * counted what this one needs meanwhile: the loop checks first). */
+static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
+{
+    uint64_t psize = b->env->psize;
+    uint64_t round_max = EXTEND_ROUND / psize ? EXTEND_ROUND / psize : 1;
+    uint64_t kept_max = EXTEND_KEPT / psize ? EXTEND_KEPT / psize : 1;
+    uint64_t *keyed = NULL;
+    int rc = LIO_SUCCESS;
+
     if (!keep) {
         b->pre_n = 0;
         b->pre_lo = idx->nleaves;

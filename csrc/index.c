@@ -128,6 +128,7 @@ void lio_index_free(lio_index *idx)
     free(idx->leafmem);
     free(idx->leaf_ok);
     free(idx->built_map);
+    pthread_mutex_destroy(&idx->grow);
     free(idx);
 }
 
@@ -268,6 +269,7 @@ int lio_index_adopt(lio_index **out, const lio_meta *snap,
         free(first);
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     }
+    pthread_mutex_init(&idx->grow, NULL);
     idx->txnid = snap->txnid;
     idx->root = db->root;
     idx->nleaves = nleaves;
@@ -739,6 +741,7 @@ int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
         rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
         goto fail;
     }
+    pthread_mutex_init(&idx->grow, NULL);
     /* What a build's leaf scan checks of the leaf list as a whole, before
      * any leaf is read: every leaf reached once, inside the snapshot. */
     if (n)   /* (an empty tree has no leaf list) */

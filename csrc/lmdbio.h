@@ -11,6 +11,7 @@
 #ifndef LMDBIO_H
 #define LMDBIO_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -371,6 +372,7 @@ typedef struct lio_index {
      * counted (lio_index_built_map), never used for reads before */
     uint64_t *built_map;     /* (entries of the tree: bounded by mapping) */
     int mapping;
+    pthread_mutex_t grow;    /* one lio_bulk_extend of it at a time */
 } lio_index;
 
 /* Read every leaf of the index into memory, with the checks a bulk read
@@ -489,8 +491,8 @@ uint64_t lio_bulk_leaf_bytes(const lio_bulk *b);
  * them through the reader's executor in rounds sized from the records a
  * leaf holds so far; the leaves read stay with the reader (keep) so that
  * the next lio_bulk_prepare takes them instead of reading them again.
- * The caller serializes extensions of one index (other readers of it may
- * prepare meanwhile). */
+ * Extensions of one index run one at a time (its lock; other readers of
+ * it may prepare meanwhile). */
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
 /* Read leaves lo..hi-1 (index positions, counted or not; at most what
  * lio_bulk_extend keeps) into the reader's kept leaves without counting
@@ -524,6 +526,107 @@ void lio_bulk_close(lio_bulk *b);
 void lio_bulk_set_collective(lio_bulk *b, int on);
 /* Coalescing policy for both steps (defaults: 64 KiB gap, 8 MiB reads). */
 void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read);
+
+/* ---- the window pipeline (pipeline.c) ----------------------------------- */
+
+/* Page-aligned memory of at least `need` bytes (its size in *cap), reused
+ * from the blocks given back when one fits; NULL when memory runs out.
+ * Thread-safe. */
+void *lio_block_take(size_t need, size_t *cap);
+/* Give a block back for reuse (or free it when enough are idle). */
+void lio_block_give(void *p, size_t cap);
+
+#define LIO_PIPELINE_LANES 2
+typedef struct lio_pipeline lio_pipeline;
+
+/* What a pipeline reads: positions [start, stop) of a share of an epoch's
+ * order, a window of batches at a time. */
+typedef struct lio_pipeline_cfg {
+    lio_bulk *lanes[LIO_PIPELINE_LANES]; /* a batch reader per lane, used
+                                          * only by it while the pipeline
+                                          * runs */
+    unsigned nlanes;
+    lio_env *env;            /* read the newest txnid after each window (a
+                              * snapshot read without a reader slot), or
+                              * NULL */
+    const int64_t *perm;     /* the epoch's order (total ordinals), or NULL:
+                              * key order */
+    uint64_t total;          /* records in the database */
+    uint64_t first;          /* position of the share's first record in the
+                              * epoch's order; past total it wraps */
+    uint64_t start, stop;    /* positions to read, relative to first */
+    size_t batch;            /* records a batch */
+    size_t window_bytes;     /* what a window may hold (it grows from
+                              * nbatch batches, doubling) */
+    size_t prefetch_bytes;   /* what the windows ahead may hold */
+    size_t nbatch;           /* batches of the first window */
+    unsigned ahead;          /* windows read ahead of the consumer's, until
+                              * the first window read here sets it */
+    int keys;                /* copy keys out too */
+    uint64_t advised;        /* positions before this one were advised */
+    /* An epoch in key order over a begun index (lio_index_begin): the
+     * windows count its leaves as they read them, in order (the index the
+     * lanes' readers were opened with), or NULL: the index is whole. */
+    lio_index *grow;
+    uint64_t entries;        /* records of the tree (grow) */
+    uint64_t basis[2][2];    /* (leaves counted, records they hold) before
+                              * the window ahead of window 0, and before
+                              * window 0 (grow) */
+} lio_pipeline_cfg;
+
+/* A window read: its block (lio_block_give when done), laid out as
+ * pipeline.c's head comment says, at these byte offsets.  rc != 0: the
+ * window failed (err says why) and has no block; its batches must be read
+ * one at a time, so that every batch before a damaged one is delivered. */
+typedef struct lio_window {
+    uint64_t start;          /* first position */
+    size_t n, nb;            /* records, batches */
+    uint8_t *block;
+    size_t cap;
+    size_t voff_at, koff_at, vstart_at, kstart_at, keys_at;
+    uint64_t leaf_bytes;     /* leaf pages read */
+    uint64_t bytes;          /* leaf pages, keys and values */
+    uint64_t newest;         /* the newest txnid after the read (cfg.env) */
+    int rc;
+    lio_error err;
+} lio_window;
+
+typedef struct lio_pipeline_stats {
+    uint64_t windows;        /* read whole */
+    uint64_t max_bytes;      /* the largest window's bytes */
+    uint64_t max_batches;
+    uint64_t max_ahead;      /* windows claimed and not taken, at most */
+} lio_pipeline_stats;
+
+/* The leaves [*lo, *hi) that a window of a first start in key order
+ * (ordinals first_ord..last_ord, ascending) will count, expected from the
+ * index as it stood before the window ahead of it counted (`counted`
+ * leaves holding `covered` records) at the average records a leaf of the
+ * rest holds, with a margin of 1/32 and two leaves each side. */
+void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
+                      uint64_t covered, uint64_t leaves, uint64_t records,
+                      uint64_t *lo, uint64_t *hi);
+
+/* Start the lanes (threads that block every signal). */
+int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
+                       lio_error *err);
+/* The next window in order, waiting for it; LIO_NOTFOUND after the last,
+ * LIO_EINVAL in a forked child (the lanes are the parent's).  Stop and
+ * free do nothing there. */
+int lio_pipeline_next(lio_pipeline *p, lio_window *w);
+/* The consumer let go of what it held before the window it took last (the
+ * batches of the window before, or those read before the pipeline
+ * started): one more window may be read ahead.  Windows are read ahead
+ * of the ones released, not of the ones taken, so a lane does not take a
+ * block while the consumer still holds the one about to come back. */
+void lio_pipeline_release(lio_pipeline *p);
+void lio_pipeline_get_stats(lio_pipeline *p, lio_pipeline_stats *st);
+/* Stop: each lane finishes the window it is reading and exits (joined
+ * here); a consumer waiting in lio_pipeline_next returns LIO_NOTFOUND. */
+void lio_pipeline_stop(lio_pipeline *p);
+/* Stop, drop the windows not taken and free (no consumer may be inside
+ * lio_pipeline_next). */
+void lio_pipeline_free(lio_pipeline *p);
 
 /* ---- structural verification (verify.c) -------------------------------- */
 

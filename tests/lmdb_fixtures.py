@@ -253,6 +253,24 @@ def read_syscalls() -> int:
     raise AssertionError("no syscr in /proc/self/io")
 
 
+def prefetch_threads() -> List[str]:
+    """The Reader's prefetch threads alive in this process: Python lanes
+    (threading name lmdbio-prefetch) and the window pipeline's C lanes
+    (the OS thread name lmdbio-lane, from /proc/self/task)."""
+    import threading
+    names = [t.name for t in threading.enumerate()
+             if t.name == "lmdbio-prefetch" and t.is_alive()]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % task) as fh:
+                comm = fh.read().strip()
+        except OSError:   # (it ended meanwhile)
+            continue
+        if comm == "lmdbio-lane":
+            names.append(comm)
+    return names
+
+
 def data_file(path, subdir: bool = True) -> str:
     path = os.fspath(path)
     return os.path.join(path, "data.mdb") if subdir else path

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from conftest import require_lmdbio
 from lmdb_fixtures import (FLAG_COMBOS, MD_ENTRIES, LmdbFile, data_file,
-                           make_all_flags_env, patch_dbrec, read_all_pylmdb,
-                           write_items, write_sized)
+                           make_all_flags_env, patch_dbrec,
+                           prefetch_threads, read_all_pylmdb, write_items,
+                           write_sized)
 
 try:
     import lmdbio
@@ -151,8 +152,7 @@ def test_epoch_left_early_saves_nothing(tmp_path):
                 break
         assert r._file.index_pending
     assert not glob.glob(os.path.join(cache, "*.npy"))
-    assert not [t for t in __import__("threading").enumerate()
-                if t.name == "lmdbio-prefetch"]
+    assert not prefetch_threads()
     # the next start is a first start again, and complete
     got, from_cache, _ = epoch(path, cache, batch_size=100)
     assert not from_cache
@@ -223,3 +223,31 @@ def test_leaves_ahead_is_a_run_of_uncounted_leaves(first, span, counted,
     assert lo <= hi
     if lo < hi:
         assert counted <= lo and hi <= leaves
+
+
+def _leaves_ahead_spec(first_ord, last_ord, counted, covered, leaves, records):
+    """The rule as the scale model's notes state it, in Python floats: the
+    reference for lio_leaves_ahead."""
+    if counted >= leaves or covered >= records or last_ord < first_ord:
+        return counted, counted
+    per = (leaves - counted) / (records - covered)
+    lo = counted + (first_ord - covered) * per
+    hi = counted + (last_ord + 1 - covered) * per
+    margin = (hi - lo) / 32 + 2
+    lo = max(counted, int(lo - margin))
+    return lo, max(lo, min(leaves, int(hi + margin) + 1))
+
+
+@given(first=st.integers(0, 10 ** 7), span=st.integers(-5, 10 ** 6),
+       counted=st.integers(0, 10 ** 5), covered=st.integers(0, 10 ** 7),
+       leaves=st.integers(0, 2 * 10 ** 5), records=st.integers(0, 2 * 10 ** 7))
+def test_leaves_ahead_in_c_follows_the_rule(first, span, counted, covered,
+                                            leaves, records):
+    """The lanes' rule (C, in doubles) gives what the rule gives in Python
+    floats wherever the window lies before the tree's end."""
+    want = _leaves_ahead_spec(first, first + span, counted, covered, leaves,
+                              records)
+    if want[0] > leaves:
+        return   # (past every leaf: C stops at the last, reading nothing)
+    assert reader_mod.leaves_ahead(first, first + span, counted, covered,
+                                   leaves, records) == want

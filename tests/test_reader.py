@@ -37,7 +37,8 @@ from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
     COMBOS_BY_ID, F_BIGDATA, FLAG_COMBOS, MDB_LOAD, OS_PAGE_SIZE, P_LEAF,
     LmdbFile, data_file, make_all_flags_env, patch, patch_page_header,
-    read_all_pylmdb, set_leaf_dsize, write_env, write_items,
+    prefetch_threads, read_all_pylmdb, set_leaf_dsize, write_env,
+    write_items,
 )
 
 try:
@@ -67,10 +68,6 @@ def _isolated_cache_and_watchdog(tmp_path, monkeypatch):
     faulthandler.dump_traceback_later(240, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-
-
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name == "lmdbio-prefetch"]
 
 
 def os_threads():
@@ -780,6 +777,50 @@ def test_forked_child_can_read(tmp_path):
     assert os.WEXITSTATUS(status) == 0, proc.stderr
 
 
+FORK_MID_EPOCH_SCRIPT = r"""
+import os, signal, sys
+import lmdbio
+r = lmdbio.Reader(sys.argv[1], batch_size=16, index_cache=False, shuffle=True,
+                  prefetch_bytes=64 << 10)
+it = iter(r)
+seen = [next(it), next(it)]            # the C lanes are reading ahead
+pid = os.fork()
+if pid == 0:
+    signal.alarm(8)
+    try:
+        try:
+            next(it)                   # the parent's epoch: its lanes
+            os._exit(5)                # stayed in the parent
+        except lmdbio.Error as e:
+            if "forked" not in str(e):
+                raise
+        n = sum(len(x) for x in r)     # a new epoch works here
+        os._exit(0 if n == 3000 else 3)
+    except BaseException as e:
+        sys.stderr.write("child: %r" % (e,))
+        os._exit(4)
+n = sum(len(b) for b in seen) + sum(len(b) for b in it)
+_, status = os.waitpid(pid, 0)
+print(n, status)
+r.close()
+"""
+
+
+def test_forked_child_mid_epoch_is_told_and_can_start_anew(tmp_path):
+    """A process forks while a Reader's epoch is read ahead by C lanes:
+    the child continuing that epoch gets a clear error (the lanes stayed
+    in the parent) instead of waiting forever, a new epoch works there,
+    and the parent's epoch is whole."""
+    write_items(tmp_path, [(b"k%05d" % i, b"v" * 300) for i in range(3000)])
+    proc = run_py(FORK_MID_EPOCH_SCRIPT, tmp_path, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    n, status = map(int, proc.stdout.split()[-2:])
+    assert n == 3000
+    assert os.WIFEXITED(status), "child killed by signal %d (hang: SIGALRM=14)" \
+        % os.WTERMSIG(status)
+    assert os.WEXITSTATUS(status) == 0, proc.stderr
+
+
 def test_len_num_records_total_records(shard_envs):
     with lmdbio.Reader(shard_envs[37], batch_size=5, rank=2, world_size=4) as r:
         assert r.total_records == 37
@@ -1373,7 +1414,17 @@ except BaseException as e:
     out["bases"] = [c.__name__ for c in type(e).__mro__]
     out["msg"] = str(e)
 out["seconds"] = time.time() - t0
-out["threads"] = [t.name for t in threading.enumerate()]
+# prefetch threads left: Python lanes and C lanes (lmdb_fixtures's
+# prefetch_threads, which this child does not import)
+out["threads"] = [t.name for t in threading.enumerate()
+                  if t.name == "lmdbio-prefetch"]
+for task in os.listdir("/proc/self/task"):
+    try:
+        with open("/proc/self/task/%s/comm" % task) as fh:
+            if fh.read().strip() == "lmdbio-lane":
+                out["threads"].append("lmdbio-lane")
+    except OSError:
+        pass
 try:
     r.close()
 except NameError:
@@ -1407,7 +1458,7 @@ def _assert_mid_epoch(out, cls, page, total):
     assert "Error" in out["bases"] and out["bases"][0] == cls
     assert "page %d" % page in out["msg"], out["msg"]
     assert 0 < out["records"] < total, out          # first batches were fine
-    assert "lmdbio-prefetch" not in out["threads"], out
+    assert not out["threads"], out
 
 
 @pytest.mark.parametrize("damage", ["branch-past-file", "leaf-pgno",
@@ -1437,7 +1488,7 @@ def test_corrupt_found_at_open(tmp_path, damage):
     assert out["exc"] == cls, out
     assert "page %d" % page in out["msg"], out["msg"]
     assert out["records"] == 0
-    assert "lmdbio-prefetch" not in out["threads"]
+    assert not out["threads"], out
     out = run_corrupt(str(tmp_path))
     if damage == "branch-past-file":   # the branch levels: read at open
         assert out["exc"] == cls and out["records"] == 0, out

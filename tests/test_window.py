@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -22,8 +21,8 @@ from hypothesis import strategies as st
 
 from conftest import require_lmdbio, spec_shard
 from lmdb_fixtures import (
-    COMBOS_BY_ID, LmdbFile, data_file, patch, read_all_pylmdb, value_of,
-    write_env, write_items, write_sized,
+    COMBOS_BY_ID, LmdbFile, data_file, patch, prefetch_threads,
+    read_all_pylmdb, value_of, write_env, write_items, write_sized,
 )
 
 try:
@@ -79,26 +78,35 @@ def test_windows_equal_batches_and_oracle(db, bs, prefetch, shuffle, p,
         items = oracle(tmp, name)
         n = len(items)
         for r in range(p):
-            want = spec_shard(n, p, r, shuffle, seed, 1, drop_last, bs)
             with lmdbio.Reader(tmp, db=name, batch_size=bs, shuffle=shuffle,
                                seed=seed, rank=r, world_size=p,
                                drop_last=drop_last, prefetch_bytes=prefetch,
                                index_cache=False) as reader:
-                reader.set_epoch(1)
-                got = []
-                for b in reader:
-                    got.extend(b.indices.tolist())
-                    assert len(b) <= bs
-                    # the window path against one batch at a time
-                    one = reader.read(b.indices)
-                    assert b.keys.tolist() == one.keys.tolist()
-                    assert b.values.tolist() == one.values.tolist()
-                    # and against py-lmdb
-                    assert b.keys.tolist() == [items[i][0] for i in b.indices]
-                    assert b.values.tolist() == [items[i][1]
-                                                 for i in b.indices]
-                assert got == want
-                assert reader.num_records == len(want)
+                # Epoch 1 in key order counts the leaves as it reads them;
+                # epoch 2, and a shuffled epoch, read with a whole index.
+                for epoch in (1, 2):
+                    want = spec_shard(n, p, r, shuffle, seed, epoch,
+                                      drop_last, bs)
+                    reader.set_epoch(epoch)
+                    before = reader.window_stats["pipeline_windows"]
+                    got = []
+                    for b in reader:
+                        got.extend(b.indices.tolist())
+                        assert len(b) <= bs
+                        # the window path against one batch at a time
+                        one = reader.read(b.indices)
+                        assert b.keys.tolist() == one.keys.tolist()
+                        assert b.values.tolist() == one.values.tolist()
+                        # and against py-lmdb
+                        assert b.keys.tolist() == [items[i][0]
+                                                   for i in b.indices]
+                        assert b.values.tolist() == [items[i][1]
+                                                     for i in b.indices]
+                    assert got == want
+                    assert reader.num_records == len(want)
+                    piped = reader.window_stats["pipeline_windows"] - before
+                    if len(want) > bs:
+                        assert piped > 0   # past the first batch: C lanes
 
 
 @settings(max_examples=40, deadline=None)
@@ -246,10 +254,13 @@ def scattered_env(tmp_path_factory):
     return path, items
 
 
-def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path):
+@pytest.mark.parametrize("whole_index", [False, True])
+def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path,
+                                                              whole_index):
     """A leaf in the middle of a large window is damaged: every batch
     before the one that needs it arrives intact, then that batch raises
-    naming the page."""
+    naming the page.  Counting the leaves as the epoch reads them or with
+    the whole index built first (the C pipeline's lanes both)."""
     items = [(b"r%06d" % i, value_of(i, 500)) for i in range(2000)]
     write_items(str(tmp_path), items)
     lf = LmdbFile(str(tmp_path))
@@ -264,6 +275,8 @@ def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path):
     bs = 50
     with lmdbio.Reader(str(tmp_path), batch_size=bs, index_cache=False,
                        prefetch_bytes=64 << 20) as r:
+        if whole_index:
+            r.read([0])   # random access builds the whole index
         got = []
         with pytest.raises(lmdbio.CorruptedError, match=str(bad)):
             for b in r:
@@ -271,6 +284,8 @@ def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path):
                 got.extend(b.indices.tolist())
         assert got == list(range(first_bad // bs * bs))
         assert r.window_stats["max_batches"] >= 4  # read in windows
+        assert r.window_stats["pipeline_windows"] > 0
+        assert not prefetch_threads()
 
 
 def test_windows_grow_and_stay_within_prefetch_bytes(scattered_env):
@@ -290,14 +305,18 @@ def test_windows_grow_and_stay_within_prefetch_bytes(scattered_env):
         assert r.window_stats["max_batches"] == 1   # never below one batch
 
 
-def test_big_batches_read_ahead_one_window_per_lane(tmp_path):
+@pytest.mark.parametrize("whole_index", [False, True])
+def test_big_batches_read_ahead_one_window_per_lane(tmp_path, whole_index):
     """Batches larger than prefetch_bytes: one window per prefetch lane
-    ahead of the consumer, not four; small windows keep three."""
+    ahead of the consumer, not four; small windows keep three.  Counting
+    the leaves as the epoch reads them, or with a whole index."""
     items = [(b"%04d" % i, bytes([i % 251]) * (20000 + i % 7))
              for i in range(240)]
     write_items(tmp_path, items)
     with lmdbio.Reader(str(tmp_path), batch_size=20, prefetch_bytes=64 << 10,
                        index_cache=False) as r:
+        if whole_index:
+            r.read([0])
         got = []
         for b in r:   # a slow consumer: the lanes read as far as allowed
             time.sleep(0.01)
@@ -305,13 +324,17 @@ def test_big_batches_read_ahead_one_window_per_lane(tmp_path):
         assert got == [v for _, v in items]
         assert r.window_stats["max_ahead"] == 2     # two lanes
         assert r.window_stats["max_batches"] == 1
+        assert r.window_stats["pipeline_windows"] > 0
     with lmdbio.Reader(str(tmp_path), batch_size=1, index_cache=False) as r:
+        if whole_index:
+            r.read([0])
         n = 0
         for b in r:
             time.sleep(0.002)
             n += len(b)
         assert n == len(items)
         assert r.window_stats["max_ahead"] == 3     # budget for all three
+        assert r.window_stats["pipeline_windows"] > 0
 
 
 def test_shuffled_window_reads_each_leaf_once(scattered_env):
@@ -385,24 +408,56 @@ def test_close_mid_window_stops_threads(scattered_env):
     it = iter(r)
     next(it)
     next(it)
-    assert any(t.name == "lmdbio-prefetch" for t in threading.enumerate())
+    assert prefetch_threads()
     r.close()
-    assert not any(t.name == "lmdbio-prefetch" and t.is_alive()
-                   for t in threading.enumerate())
+    assert not prefetch_threads()
     with pytest.raises(lmdbio.Error):
         next(it)
 
 
-def test_abandoned_epoch_frees_lanes(scattered_env):
+def test_close_from_another_thread_while_waiting_for_a_window(
+        scattered_env):
+    """close() from another thread while the consumer may be waiting for
+    the pipeline's next window (or wrapping one): the consumer gets
+    lmdbio.Error or finishes its epoch, nothing hangs or crashes, and no
+    lane is left."""
+    import threading
+    path, items = scattered_env
+    for delay in (0.0, 0.0005, 0.002, 0.005, 0.02):
+        r = lmdbio.Reader(path, batch_size=8, shuffle=True,
+                          index_cache=False, prefetch_bytes=64 << 10)
+        out = []
+
+        def consume():
+            try:
+                for b in r:
+                    out.append(len(b))
+                out.append("done")
+            except lmdbio.Error as e:
+                out.append(e)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        time.sleep(delay)
+        r.close()
+        t.join(30)
+        assert not t.is_alive()
+        assert out and (out[-1] == "done" or
+                        isinstance(out[-1], lmdbio.Error)), out[-3:]
+        assert not prefetch_threads()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_abandoned_epoch_frees_lanes(scattered_env, shuffle):
     path, _ = scattered_env
-    with lmdbio.Reader(path, batch_size=8, index_cache=False) as r:
+    with lmdbio.Reader(path, batch_size=8, index_cache=False,
+                       shuffle=shuffle) as r:
         for _ in range(3):
             it = iter(r)
             next(it)
             next(it)
             it.close()   # leaves the epoch early
-            assert not any(t.name == "lmdbio-prefetch" and t.is_alive()
-                           for t in threading.enumerate())
+            assert not prefetch_threads()
         assert sum(len(b) for b in r) == r.num_records
 
 

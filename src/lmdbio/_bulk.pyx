@@ -7,13 +7,8 @@ reads or parses runs with the GIL released.
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from cpython.buffer cimport PyBUF_WRITABLE
-
-cdef extern from "stdlib.h" nogil:
-    int posix_memalign(void **memptr, size_t alignment, size_t size)
-
-import threading
 
 import numpy as np
 
@@ -39,13 +34,12 @@ cdef inline object _error(str path, const lio_error *err):
 
 
 cdef class _Memory:
-    """Page-aligned memory behind a batch's arrays.  When the last array
-    over it goes away it returns to its pool, so the next batch lands in
-    memory that is already mapped (and, at a few MiB, still in cache)
-    instead of faulting in a fresh allocation."""
+    """Page-aligned memory behind a batch's arrays (lio_block_take).  When
+    the last array over it goes away it is given back for reuse, so the
+    next batch lands in memory that is already mapped (and, at a few MiB,
+    still in cache) instead of faulting in a fresh allocation."""
     cdef uint8_t *ptr
     cdef size_t cap
-    cdef _MemoryPool pool
     cdef Py_ssize_t shape[1]
 
     def __getbuffer__(self, Py_buffer *view, int flags):
@@ -66,76 +60,15 @@ cdef class _Memory:
         pass
 
     def __dealloc__(self):
-        if self.pool is not None and self.pool.keep(self.ptr, self.cap):
-            return
-        free(self.ptr)
+        lio_block_give(self.ptr, self.cap)
 
 
-cdef enum:
-    _BLOCK_MIN = 4 << 20    # the Reader's largest window (_WINDOW_BYTES)
-
-
-cdef class _MemoryPool:
-    cdef list free_blocks          # (address, capacity) of idle blocks
-    cdef size_t held, limit
-
-    def __cinit__(self, size_t limit=256 << 20):
-        self.free_blocks = []
-        self.held = 0
-        self.limit = limit
-
-    cdef bint keep(self, uint8_t *ptr, size_t cap):
-        if self.held + cap > self.limit or len(self.free_blocks) >= 16:
-            return False
-        self.free_blocks.append((<size_t>ptr, cap))
-        self.held += cap
-        return True
-
-    cdef _Memory take(self, size_t need):
-        cdef _Memory m = _Memory.__new__(_Memory)
-        cdef void *p = NULL
-        cdef size_t i, best = <size_t>-1, cap
-        for i in range(len(self.free_blocks)):
-            cap = self.free_blocks[i][1]
-            # the smallest that fits; among equals the last returned,
-            # whose lines the cache is likeliest still to hold
-            if cap >= need and (best == <size_t>-1 or
-                                cap <= self.free_blocks[best][1]):
-                best = i
-        if best != <size_t>-1:
-            addr, cap = self.free_blocks.pop(best)
-            self.held -= cap
-            m.ptr = <uint8_t *><size_t>addr
-            m.cap = cap
-        else:
-            # At least _BLOCK_MIN: windows grow from one batch, and a block
-            # big enough for the next window is reused instead of faulting
-            # in fresh memory (its untouched pages cost nothing).  An eighth
-            # more than asked: windows of the same batch count differ by a
-            # few percent, and a block a little short of the next is no use.
-            cap = (max(need + need // 8, <size_t>_BLOCK_MIN) + 4095) & \
-                ~(<size_t>4095)
-            if posix_memalign(&p, 4096, cap):
-                raise MemoryError()
-            m.ptr = <uint8_t *>p
-            m.cap = cap
-        m.pool = self
-        return m
-
-    def array(self, size_t n, size_t phase=0):
-        """A uint8 array of n bytes starting `phase` bytes past a page
-        boundary (copies from the page cache run at full speed when the
-        destination has the file offset's alignment, measured)."""
-        m = self.take(n + phase)
-        return np.frombuffer(m, dtype=np.uint8, count=n, offset=phase)
-
-    def __dealloc__(self):
-        for addr, cap in self.free_blocks:
-            free(<void *><size_t>addr)
-        self.free_blocks = []
-
-
-_POOL = _MemoryPool()
+cdef _Memory _memory(uint8_t *ptr, size_t cap):
+    """A block taken with lio_block_take, owned from now on by a _Memory."""
+    cdef _Memory m = _Memory.__new__(_Memory)
+    m.ptr = ptr
+    m.cap = cap
+    return m
 
 
 def _fault_injected():
@@ -160,8 +93,128 @@ cdef uint64_t _newest_txnid(lio_env *env) noexcept nogil:
 
 def aligned_bytes(size_t n, size_t phase=0):
     """A uint8 array of n bytes whose first byte sits `phase` bytes past a
-    4096-byte boundary, from recycled memory."""
-    return _POOL.array(n, phase)
+    4096-byte boundary, from recycled memory (copies from the page cache
+    run at full speed when the destination has the file offset's
+    alignment, measured)."""
+    cdef size_t cap = 0
+    cdef void *p = lio_block_take(n + phase, &cap)
+    if p == NULL:
+        raise MemoryError()
+    return np.frombuffer(_memory(<uint8_t *>p, cap), dtype=np.uint8,
+                         count=n, offset=phase)
+
+
+cdef class _Pipeline:
+    """A running window pipeline (BulkFile.start_pipeline): next() hands
+    out its windows in order, stop() ends it (also from another thread
+    while one waits in next())."""
+    cdef lio_pipeline *p
+    cdef BulkFile file
+    cdef object perm               # the order the lanes read from
+    cdef size_t batch
+    cdef bint keys
+    cdef bint stopping             # stop() began: next() returns None
+    cdef bint stopped              # the lanes are joined: it may be freed
+    cdef int inside                # threads waiting in next()
+
+    def next(self):
+        """The next window: (first position, records, batches, newest
+        txnid), each batch (ordinals, kdata, koff, vdata, voff) views of
+        the window's block (kdata, koff None without keys); batches is
+        None when the window failed and must be read batch by batch.
+        None after the last window (or once stopped)."""
+        cdef lio_window w
+        cdef int rc
+        cdef lio_pipeline *p = self.p
+        cdef size_t j, first, last, vo, ko
+        cdef const int64_t *vst
+        cdef const int64_t *kst
+        cdef const int64_t *voff
+        if p == NULL or self.stopping:
+            return None
+        self.inside += 1
+        with nogil:
+            rc = lio_pipeline_next(p, &w)
+        self.inside -= 1
+        if self.stopping:
+            if rc == 0:
+                lio_block_give(w.block, w.cap)
+            if self.stopped and self.inside == 0:
+                self._free()
+            return None
+        if rc == LIO_EINVAL:
+            raise make_error(
+                '%s: this epoch was begun before the process forked and its '
+                'prefetch threads stayed in the parent; begin a new epoch '
+                '(iter(reader)) in this process' % self.file.path, 0)
+        if rc:
+            return None
+        if w.rc:
+            return w.start, w.n, None, w.newest
+        raw = np.frombuffer(_memory(w.block, w.cap), dtype=np.uint8)
+        words = raw[:w.cap & ~(<size_t>7)].view(np.int64)
+        vst = <const int64_t *>(w.block + w.vstart_at)
+        kst = <const int64_t *>(w.block + w.kstart_at)
+        voff = <const int64_t *>(w.block + w.voff_at)
+        vo = w.voff_at // 8
+        ko = w.koff_at // 8
+        batches = []
+        for j in range(w.nb):
+            first = j * self.batch
+            last = min(first + self.batch, w.n)
+            ords = words[first:last]
+            vdata = raw[vst[j]:vst[j] + voff[last + j]]
+            voffs = words[vo + first + j:vo + last + j + 1]
+            if self.keys:
+                batches.append((ords, raw[kst[j]:kst[j + 1]],
+                                words[ko + first + j:ko + last + j + 1],
+                                vdata, voffs))
+            else:
+                batches.append((ords, None, None, vdata, voffs))
+        return w.start, w.n, batches, w.newest
+
+    def release(self):
+        """What the consumer held before the window it took last is let go
+        (lio_pipeline_release): one more window may be read ahead."""
+        if self.p != NULL and not self.stopping:
+            lio_pipeline_release(self.p)
+
+    cdef _free(self):
+        if self.p != NULL:
+            lio_pipeline_free(self.p)
+            self.p = NULL
+        if self.file is not None and self.file.pipe is self:
+            self.file.pipe = None
+        self.file = None
+
+    def stats(self):
+        """(windows read whole, largest window's bytes, most batches in a
+        window, most windows claimed and not taken)."""
+        cdef lio_pipeline_stats st
+        if self.p == NULL or self.stopping:
+            return None
+        lio_pipeline_get_stats(self.p, &st)
+        return st.windows, st.max_bytes, st.max_batches, st.max_ahead
+
+    def stop(self):
+        """Stop the lanes (each finishes its window) and free the pipeline
+        (here, or in next() when a thread is waiting there)."""
+        cdef lio_pipeline *p = self.p
+        if p == NULL or self.stopping:
+            return
+        self.stopping = True
+        with nogil:
+            lio_pipeline_stop(p)
+        self.stopped = True
+        if self.file is not None and self.file.pipe is self:
+            self.file.pipe = None
+        if self.inside == 0:
+            self._free()
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            lio_pipeline_free(self.p)
+            self.p = NULL
 
 
 cdef class BulkFile:
@@ -176,6 +229,8 @@ cdef class BulkFile:
     cdef lio_bulk *bulk            # batch reads through ex
     cdef lio_bulk *bulk_ind        # independent reads (posix), if ex differs
     cdef lio_bulk *bulk_lane2      # a second independent reader (pipelining)
+    cdef lio_bulk *bulk_pipe[2]    # the window pipeline's lanes' own readers
+    cdef _Pipeline pipe            # the pipeline running, or None
     cdef size_t max_gap, max_read, region
     cdef unsigned region_min
     cdef bint drop, policy_set, cache_set
@@ -184,7 +239,6 @@ cdef class BulkFile:
     cdef readonly bint has_db
     cdef object executor           # a Python executor (MPI-IO), or None
     cdef object executor_error
-    cdef object _grow_lock         # one extension of a begun index at a time
 
     def __cinit__(self, str path, bint direct=False, unsigned threads=4,
                   size_t cache_bytes=4 << 20, executor=None):
@@ -193,7 +247,6 @@ cdef class BulkFile:
         cdef bytes bpath = path.encode()
         cdef const char *cpath = bpath
         self.path = path
-        self._grow_lock = threading.Lock()
         with nogil:
             rc = lio_posix_open(&self.posix, cpath, direct, &err)
         if rc:
@@ -349,17 +402,15 @@ cdef class BulkFile:
 
     cdef _extend(self, lio_bulk *b, uint64_t need, bint keep):
         """Count a begun index's leaves through ordinal `need` with batch
-        reader b (one extension at a time; b keeps what it read)."""
+        reader b (the index lets one extension run at a time, the window
+        pipeline's lanes' among them; b keeps what it read)."""
         cdef int rc
-        if lio_index_holds(self.idx, need):
+        if not lio_index_pending(self.idx) or lio_index_holds(self.idx, need):
             return   # (without waiting for another lane's extension)
-        with self._grow_lock:
-            if not lio_index_pending(self.idx):
-                return
-            with nogil:
-                rc = lio_bulk_extend(b, self.idx, need, keep)
-            if rc:
-                raise self._step_error(lio_bulk_error(b))
+        with nogil:
+            rc = lio_bulk_extend(b, self.idx, need, keep)
+        if rc:
+            raise self._step_error(lio_bulk_error(b))
 
     def extend_index(self, uint64_t need, int lane=0):
         """Count a begun index's leaves through ordinal `need` with lane
@@ -574,7 +625,24 @@ cdef class BulkFile:
             lio_bulk_set_cache(self.bulk, self.region, self.region_min,
                                self.drop)
 
+    cdef _readers(self, lio_bulk **readers):
+        """Every batch reader of this file (NULL where none), the
+        pipeline's only while no pipeline runs (its lanes use them)."""
+        cdef bint idle = self.pipe is None
+        readers[0] = self.bulk
+        readers[1] = self.bulk_ind
+        readers[2] = self.bulk_lane2
+        readers[3] = self.bulk_pipe[0] if idle else NULL
+        readers[4] = self.bulk_pipe[1] if idle else NULL
+
     cdef _drop_index(self):
+        cdef int i
+        if self.pipe is not None:
+            self.pipe.stop()
+        for i in range(2):
+            if self.bulk_pipe[i] != NULL:
+                lio_bulk_close(self.bulk_pipe[i])
+                self.bulk_pipe[i] = NULL
         if self.bulk != NULL:
             lio_bulk_close(self.bulk)
             self.bulk = NULL
@@ -590,11 +658,11 @@ cdef class BulkFile:
 
     def set_policy(self, size_t max_gap, size_t max_read):
         """Coalescing of every batch reader of this file."""
-        cdef lio_bulk *readers[3]
+        cdef lio_bulk *readers[5]
         cdef int i
         self.max_gap, self.max_read, self.policy_set = max_gap, max_read, True
-        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
-        for i in range(3):
+        self._readers(readers)
+        for i in range(5):
             if readers[i] != NULL:
                 lio_bulk_set_policy(readers[i], max_gap, max_read)
 
@@ -620,21 +688,21 @@ cdef class BulkFile:
 
     def set_cache(self, size_t region, unsigned min_pages, bint drop):
         """Page-cache policy of batch reads (lio_bulk_set_cache)."""
-        cdef lio_bulk *readers[3]
+        cdef lio_bulk *readers[5]
         cdef int i
         self.region, self.region_min, self.drop = region, min_pages, drop
         self.cache_set = True
-        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
-        for i in range(3):
+        self._readers(readers)
+        for i in range(5):
             if readers[i] != NULL:
                 lio_bulk_set_cache(readers[i], region, min_pages, drop)
 
     def new_pass(self):
         """A new epoch: regions may be read ahead again."""
-        cdef lio_bulk *readers[3]
+        cdef lio_bulk *readers[5]
         cdef int i
-        readers[:] = [self.bulk, self.bulk_ind, self.bulk_lane2]
-        for i in range(3):
+        self._readers(readers)
+        for i in range(5):
             if readers[i] != NULL:
                 lio_bulk_new_pass(readers[i])
 
@@ -799,6 +867,76 @@ cdef class BulkFile:
             return batches, leaf_bytes, newest_id
         return batches, leaf_bytes
 
+    def start_pipeline(self, perm, uint64_t total, uint64_t first,
+                       uint64_t start, uint64_t stop, size_t batch,
+                       size_t window_bytes, size_t prefetch_bytes,
+                       size_t nbatch, unsigned ahead, bint keys,
+                       bint newest, uint64_t advised, basis=None):
+        """Read positions [start, stop) of a share of the epoch's order
+        (`perm`, or None for key order; the share begins at position
+        `first` and wraps past `total`) a window at a time in two C threads
+        (lio_pipeline_start): a _Pipeline, or None when this file cannot
+        (no index, batch reads through a Python executor, or a pipeline
+        running already).  A begun index is counted by the windows in
+        order, given `basis`: ((leaves, records) counted before the window
+        ahead of the first, and before the first)."""
+        cdef lio_pipeline_cfg cfg
+        cdef lio_error err
+        cdef lio_pipeline *p = NULL
+        cdef int64_t[::1] pv
+        cdef int rc, i
+        if (self.idx == NULL or self.executor is not None or
+                self.pipe is not None or
+                (lio_index_pending(self.idx) and basis is None)):
+            return None
+        memset(&cfg, 0, sizeof(cfg))
+        if lio_index_pending(self.idx):
+            cfg.grow = self.idx
+            cfg.entries = self.db.entries
+            (cfg.basis[0][0], cfg.basis[0][1]), \
+                (cfg.basis[1][0], cfg.basis[1][1]) = basis
+        for i in range(2):
+            if self.bulk_pipe[i] == NULL:
+                self.bulk_pipe[i] = self._new_bulk()
+            elif self.policy_set:   # (set while the last pipeline ran)
+                lio_bulk_set_policy(self.bulk_pipe[i], self.max_gap,
+                                    self.max_read)
+            if self.cache_set:
+                lio_bulk_set_cache(self.bulk_pipe[i], self.region,
+                                   self.region_min, self.drop)
+            cfg.lanes[i] = self.bulk_pipe[i]
+        cdef _Pipeline pipe = _Pipeline.__new__(_Pipeline)
+        if perm is not None:
+            pipe.perm = np.ascontiguousarray(perm, dtype=np.int64)
+            if <uint64_t>pipe.perm.shape[0] < total:
+                raise ValueError('the order holds fewer than total records')
+            pv = pipe.perm
+            cfg.perm = &pv[0] if total else NULL
+        cfg.nlanes = 2
+        cfg.env = self.env if newest else NULL
+        cfg.total = total
+        cfg.first = first
+        cfg.start = start
+        cfg.stop = stop
+        cfg.batch = batch
+        cfg.window_bytes = window_bytes
+        cfg.prefetch_bytes = prefetch_bytes
+        cfg.nbatch = nbatch
+        cfg.ahead = ahead
+        cfg.keys = keys
+        cfg.advised = advised
+        # (With the GIL held: released, another thread could close this
+        # file under the lanes before self.pipe names them.)
+        rc = lio_pipeline_start(&p, &cfg, &err)
+        if rc:
+            raise _error(self.path, &err)
+        pipe.p = p
+        pipe.file = self
+        pipe.batch = batch
+        pipe.keys = keys
+        self.pipe = pipe
+        return pipe
+
     def newest_txnid(self):
         """The newest committed txnid in the file now (both meta pages
         re-read), or 0 if they cannot be read."""
@@ -841,6 +979,19 @@ cdef class BulkFile:
 
     def __dealloc__(self):
         self.close()
+
+
+def leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
+                 uint64_t covered, uint64_t leaves, uint64_t records):
+    """The leaves [lo, hi) that a window of a first start in key order
+    (ordinals first_ord..last_ord) will count, expected from the index as
+    it stood before the window ahead of it counted (`counted` leaves
+    holding `covered` records): lio_leaves_ahead, the rule the window
+    pipeline's lanes follow."""
+    cdef uint64_t lo = 0, hi = 0
+    lio_leaves_ahead(first_ord, last_ord, counted, covered, leaves, records,
+                     &lo, &hi)
+    return lo, hi
 
 
 def plan_reads(offsets, lengths, size_t max_gap, size_t max_read):

@@ -279,6 +279,62 @@ cdef extern from "lmdbio.h" nogil:
     void lio_bulk_new_pass(lio_bulk *b)
     void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
 
+    void *lio_block_take(size_t need, size_t *cap)
+    void lio_block_give(void *p, size_t cap)
+    enum: LIO_PIPELINE_LANES
+    ctypedef struct lio_pipeline:
+        pass
+    ctypedef struct lio_pipeline_cfg:
+        lio_bulk *lanes[2]
+        unsigned nlanes
+        lio_env *env
+        const int64_t *perm
+        uint64_t total
+        uint64_t first
+        uint64_t start
+        uint64_t stop
+        size_t batch
+        size_t window_bytes
+        size_t prefetch_bytes
+        size_t nbatch
+        unsigned ahead
+        int keys
+        uint64_t advised
+        lio_index *grow
+        uint64_t entries
+        uint64_t basis[2][2]
+    ctypedef struct lio_window:
+        uint64_t start
+        size_t n
+        size_t nb
+        uint8_t *block
+        size_t cap
+        size_t voff_at
+        size_t koff_at
+        size_t vstart_at
+        size_t kstart_at
+        size_t keys_at
+        uint64_t leaf_bytes
+        uint64_t bytes
+        uint64_t newest
+        int rc
+        lio_error err
+    ctypedef struct lio_pipeline_stats:
+        uint64_t windows
+        uint64_t max_bytes
+        uint64_t max_batches
+        uint64_t max_ahead
+    void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord,
+                          uint64_t counted, uint64_t covered, uint64_t leaves,
+                          uint64_t records, uint64_t *lo, uint64_t *hi)
+    int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
+                           lio_error *err)
+    int lio_pipeline_next(lio_pipeline *p, lio_window *w)
+    void lio_pipeline_release(lio_pipeline *p)
+    void lio_pipeline_get_stats(lio_pipeline *p, lio_pipeline_stats *st)
+    void lio_pipeline_stop(lio_pipeline *p)
+    void lio_pipeline_free(lio_pipeline *p)
+
 
 cdef extern from "lockfile.h" nogil:
     ctypedef struct lio_lock:

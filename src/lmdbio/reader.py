@@ -21,6 +21,9 @@ import numpy as np
 import numpy.random  # noqa: F401
 
 from lmdbio._bulk import BulkFile, gather
+# the rule of a first start's reads ahead of its counting (the C lanes'
+# own, which the Python lanes and the scale model follow too)
+from lmdbio._bulk import leaves_ahead  # noqa: F401
 from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
                            SnapshotChangedError, make_error)
@@ -238,24 +241,6 @@ def _read_recmap(pending):
     return recmap
 
 
-def leaves_ahead(first_ord, last_ord, counted, covered, leaves, records):
-    """The leaves [lo, hi) that a window of a first start in key order
-    (ordinals first_ord..last_ord, ascending) will count, expected from
-    the index as it stood before the window ahead of it counted (`counted`
-    leaves holding `covered` records) at the average records a leaf of the
-    rest holds, with a margin of 1/32 and two leaves each side.  The
-    window reads them while the window ahead counts (Reader._iter_windows);
-    the scale model replays the same rule."""
-    if counted >= leaves or covered >= records or last_ord < first_ord:
-        return counted, counted
-    per = (leaves - counted) / (records - covered)
-    lo = counted + (first_ord - covered) * per
-    hi = counted + (last_ord + 1 - covered) * per
-    margin = (hi - lo) / 32 + 2
-    lo = max(counted, int(lo - margin))
-    return lo, max(lo, min(leaves, int(hi + margin) + 1))
-
-
 def _split(arrays, counts):
     """Per-part (kdata, koff, vdata, voff) of a concatenated batch."""
     kdata, koff, vdata, voff = arrays
@@ -300,14 +285,19 @@ def _data_path(path, subdir):
 def _stop_worker(worker):
     """Stop prefetch threads: each finishes the window it is reading (a C
     call cannot be interrupted), sees the stop and exits; what they read
-    and nobody took is dropped."""
+    and nobody took is dropped.  A worker is a window pipeline (its C
+    lanes) or (threads, stop event, conditions to wake)."""
+    if not isinstance(worker, tuple):
+        worker.stop()
+        return
     threads, stop, conds = worker
     stop.set()
     for cond in conds:
         with cond:
             cond.notify_all()
     for t in threads:
-        t.join()
+        if t.ident is not None:   # (another thread may close before start)
+            t.join()
 
 
 def _io_policy(storage):
@@ -679,7 +669,8 @@ class Reader:
         # Windows read so far, and the largest (bytes of leaves, values and
         # keys; batches): prefetching stays within prefetch_bytes.
         self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0,
-                             'max_ahead': 0, 'leaves_held': False}
+                             'max_ahead': 0, 'leaves_held': False,
+                             'pipeline_windows': 0}
         if self._parts is None:
             self._records = [self.total_records]
             self._txnids = [int(self._file.txnid)]
@@ -922,7 +913,7 @@ class Reader:
             return
         with self._lane_locks[0], self._lane_locks[1]:
             try:
-                self._file.set_recmap(recmap)
+                self._live_file().set_recmap(recmap)
             except CorruptedError as e:
                 raise make_error('%s; the cached index %s is damaged: %s'
                                  % (e.what, pending[3], _CACHE_FIX),
@@ -1072,15 +1063,22 @@ class Reader:
                           else self.path, self._args, self.state_dict()))
 
     # -- reading --------------------------------------------------------
+    def _live_file(self):
+        """The open file (a BulkFile, or _Parts), or lmdbio.Error when the
+        Reader was closed (another thread may close it while one reads)."""
+        f = self._file
+        if f is None:
+            raise Error('%s: the Reader is closed' % self.path)
+        return f
+
     def _read(self, ordinals, independent=True):
         """One batch.  independent: this rank alone (pread); else a
         collective step of every rank (MPI-IO, node sharing, staggering)."""
-        if self._file is None:
-            raise Error('%s: the Reader is closed' % self.path)
+        self._live_file()
         ordinals = np.array(ordinals, dtype=np.int64)  # the Batch's own
         with self._io_lock:
             try:
-                kdata, koff, vdata, voff = self._file.read(
+                kdata, koff, vdata, voff = self._live_file().read(
                     ordinals, self.keys_wanted, independent=True)
             except (CorruptedError, PageNotFoundError) as e:
                 raise self._snapshot_changed(e) from e
@@ -1098,9 +1096,10 @@ class Reader:
         the batch (else read here)."""
         if self._parts is not None:
             return  # each environment was checked by its own Reader
-        snap = self._file.txnid
+        f = self._live_file()
+        snap = f.txnid
         if newest is None:
-            newest = self._file.newest_txnid()
+            newest = f.newest_txnid()
         if newest >= snap + 2:
             exc = SnapshotChangedError(
                 '%s: snapshot txn %d was read without a reader slot '
@@ -1400,6 +1399,8 @@ class Reader:
         share = self.num_records / max(1, self.total_records)
         region = self._policy[2]
         with self._lane_locks[0], self._lane_locks[1]:
+            if self._file is None:
+                return   # closed (under both locks) meanwhile
             for f in files:
                 if f is None:
                     continue
@@ -1419,21 +1420,20 @@ class Reader:
         one consumed, one waiting) and _WINDOW_BYTES; the first is one
         batch, so that the first batch comes quickly, and each is at most
         twice the last.  Windows bigger than that (batches of big values)
-        are read at most one per lane ahead of the consumer."""
+        are read at most one per lane ahead of the consumer.  The lanes are
+        the C window pipeline's (lio_pipeline: no GIL, and a begun index
+        counted in order as the windows read, in the pipeline); Python
+        threads read for several environments (_Parts) and for a second
+        epoch begun while another runs on the same file."""
         bs = self.batch_size
         lanes = len(self._lane_locks)
         budget = max(1, min(self.prefetch_bytes // (lanes + 2), _WINDOW_BYTES))
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
         self._new_pass()
-        lock = threading.RLock()
-        cond = threading.Condition(lock)
-        # Lanes waiting for their turn to count wake only when a turn
-        # passes, not at every window claimed or delivered (same lock).
-        turns = threading.Condition(lock)
+        cond = threading.Condition(threading.RLock())
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
-              'running': lanes, 'ahead': lanes, 'turn': 1,
-              'advised': first_pos}
+              'running': lanes, 'ahead': lanes, 'advised': first_pos}
 
         def claim(advising=True):
             """(seq, start, records, advise from, advise to) of the next
@@ -1464,57 +1464,9 @@ class Reader:
                 st['done'][seq] = (batches, exc)
                 cond.notify_all()
 
-        def wait_turn(turn):
-            with turns:
-                while st['turn'] < turn and not stop.is_set():
-                    turns.wait(0.1)
-
-        def count_in_turn(seq, ordinals, lane):
-            """A begun index counts its leaves window after window, in
-            order.  A window first reads the leaves it expects to count
-            (leaves_ahead, from the index as it stood two windows back)
-            while the window ahead counts, then counts them from memory in
-            its turn: the reads of both lanes overlap, the counting is
-            what runs one window at a time.  Every step depends only on
-            what the windows before counted, so an epoch reads the same
-            requests every time (the scale model replays them)."""
-            f = self._file
-            try:
-                wait_turn(seq - 1)
-                counted, covered = st['basis'].get(seq - 1, (0, 0))
-                if f is not None and counted < f.tree_leaves and \
-                        not stop.is_set():
-                    lo, hi = leaves_ahead(int(ordinals[0]),
-                                          int(ordinals[-1]), counted,
-                                          covered, f.tree_leaves, f.entries)
-                    with self._lane_locks[lane]:
-                        if self._file is not None:
-                            try:
-                                f.read_leaves(lo, hi, lane)
-                            except Error:
-                                pass   # the counting reads them again
-                wait_turn(seq)
-                with self._lane_locks[lane]:
-                    if f is not None and self._file is not None and \
-                            not stop.is_set():
-                        try:
-                            f.extend_index(int(ordinals.max()), lane)
-                        except Error:
-                            pass   # the window's read raises it in place
-                        st['basis'][seq + 1] = (f.num_leaves,
-                                                f.index_range[1])
-                if f is not None and not f.index_pending:
-                    # whole: saved here, beside the other lane's reads, not
-                    # after the epoch's last batch
-                    self._save_if_whole()
-            finally:
-                with turns:
-                    st['basis'].pop(seq - 1, None)
-                    st['turn'] = max(st['turn'], seq + 1)
-                    turns.notify_all()
-
         def grow(batches, leaf_bytes, nrec):
-            """Size the next windows from what this one cost."""
+            """Size the next windows from what this one cost (as the
+            pipeline's lanes do)."""
             size = leaf_bytes + sum(
                 len(b.values.data) + (len(b.keys.data) if b.keys is not None
                                       else 0) for b in batches)
@@ -1543,19 +1495,10 @@ class Reader:
                     batches = None
                     try:
                         # Read-ahead: the storage fetches the next windows'
-                        # regions while this one is read (advised with the
-                        # window's own read, or before a first start's
-                        # counting turn).
+                        # regions while this one is read.
                         advice = self._window_ordinals(adv_lo, adv_hi) \
                             if adv_hi > adv_lo else None
-                        if counting and advice is not None:
-                            with self._lane_locks[lane]:
-                                if self._file is not None:
-                                    self._file.advise(advice, lane)
-                            advice = None
                         ordinals = self._window_ordinals(start, start + nrec)
-                        if counting:
-                            count_in_turn(seq, ordinals, lane)
                         batches, leaf_bytes = self._window_batches(
                             ordinals, lane, advice)
                         if batches is None:  # damaged: batch by batch
@@ -1576,13 +1519,13 @@ class Reader:
         # The first window (one batch) is read here and handed out before
         # any thread starts: a Reader opened for one batch (a map-style
         # dataset, a shard's first batch) starts no thread.
-        counting = self._parts is None and self._file.index_pending
+        counting = self._parts is None and self._live_file().index_pending
         seq, start, nrec, _, _ = claim(advising=False)   # (the lanes do)
         first, leaf_bytes = self._window_batches(
             self._window_ordinals(start, start + nrec))
-        if counting:   # what windows 1 and 2 expect their leaves from
-            f = self._file
-            st['basis'] = {0: (0, 0), 1: (f.num_leaves, f.index_range[1])}
+        if counting:   # what the pipeline's windows 0 and 1 expect to count
+            f = self._live_file()
+            basis = ((0, 0), (f.num_leaves, f.index_range[1]))
         grow(first, leaf_bytes, nrec)
         st['taken'] = 1
         for b in first:
@@ -1592,12 +1535,29 @@ class Reader:
             yield b
         if st['pos'] >= total:
             return
+        if self._parts is None:
+            # The lanes are C threads that never take the GIL, counting a
+            # begun index in order as they read; this thread only wraps
+            # their windows.
+            pipe = self._live_file().start_pipeline(
+                self._perm[1] if self.shuffle else None, self.total_records,
+                self._span()[0], st['pos'], total, bs, budget,
+                self.prefetch_bytes, st['nbatch'], st['ahead'],
+                self.keys_wanted, self._env is None, st['advised'],
+                basis if counting else None)
+            if pipe is not None:
+                try:
+                    yield from self._iter_pipeline(pipe)
+                finally:
+                    if self.cache == 'drop' and self._file is not None:
+                        self._new_pass()  # drops what the last windows read
+                return
         threads = []
         for lane in range(lanes):
             t = threading.Thread(target=produce, args=(lane,),
                                  name='lmdbio-prefetch', daemon=True)
             threads.append(t)
-        worker = (threads, stop, (cond, turns))
+        worker = (threads, stop, (cond,))
         self._workers.append(worker)
         for t in threads:
             t.start()
@@ -1629,6 +1589,71 @@ class Reader:
                 self._workers.remove(worker)
             if self.cache == 'drop' and self._file is not None:
                 self._new_pass()  # drops what the last windows read
+
+    def _iter_pipeline(self, pipe):
+        """The batches of the windows a running pipeline reads, in order.
+        A window that failed is read again batch by batch here, so that
+        every batch before a damaged one is delivered and the damage is
+        raised at the batch that needs it."""
+        bs = self.batch_size
+        ws = self.window_stats
+        base = ws['windows'], ws['pipeline_windows']
+
+        def note():
+            """window_stats with the pipeline's counts so far."""
+            counts = pipe.stats()
+            if counts is not None:
+                ws['windows'] = base[0] + counts[0]
+                ws['pipeline_windows'] = base[1] + counts[0]
+                ws['max_bytes'] = max(ws['max_bytes'], counts[1])
+                ws['max_batches'] = max(ws['max_batches'], counts[2])
+                ws['max_ahead'] = max(ws['max_ahead'], counts[3])
+
+        self._workers.append(pipe)
+        try:
+            while True:
+                note()
+                got = pipe.next()
+                if self._file is None:
+                    raise Error('%s: the Reader was closed' % self.path)
+                if got is None:
+                    return   # every window delivered
+                start, n, batches, newest = got
+                got = None
+                if batches is None:
+                    ordinals = self._window_ordinals(start, start + n)
+                    for s in range(0, n, bs):
+                        b = self._read(ordinals[s:s + bs])
+                        self._received += 1
+                        yield b
+                        if not s:
+                            pipe.release()
+                    continue
+                if self._env is None:
+                    self._check_snapshot(newest)
+                if self._unsaved_index is not None:
+                    # whole: saved here, while the lanes read on, not after
+                    # the epoch's last batch
+                    self._save_if_whole()
+                for j, (ords, kdata, koff, vdata, voff) in enumerate(batches):
+                    if self._file is None:  # closed while iterating
+                        raise Error('%s: the Reader was closed' % self.path)
+                    self._received += 1
+                    yield Batch(ords, Ragged(kdata, koff)
+                                if kdata is not None else None,
+                                Ragged(vdata, voff))
+                    if not j:
+                        # Back for a second batch: the caller let go of
+                        # the batches before this window (a loop's
+                        # variable moved on), so their block can be reused
+                        # by the window the lanes read next.
+                        pipe.release()
+                ords = kdata = koff = vdata = voff = batches = None
+        finally:
+            note()
+            _stop_worker(pipe)
+            if pipe in self._workers:
+                self._workers.remove(pipe)
 
     # -- statistics and lifetime ----------------------------------------
     def io_stats(self):
