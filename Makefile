@@ -4,8 +4,9 @@
 #
 #   make demo        build, then compare lmdbio with py-lmdb on a sample Caffe LMDB
 #                    (installs only requirements-build.txt: no torch, no OpenCV)
-#   make test        all tests: pytest (no MPI), the C lock-file tests against
-#                    the system liblmdb (tests/c), then tests/mpi under mpiexec -n 1, 2, 4
+#   make test        all tests: pytest (no MPI), tests/mpi under mpiexec -n 1, 2, 4,
+#                    then the C tests against the system liblmdb (tests/c: the
+#                    lock file; the window pipeline, also under ThreadSanitizer)
 #   make test-fast   pytest without the MPI runs
 #   make docs        the documentation site (docs/, MkDocs) into build/docs
 #   make stubtest    the type stubs of the compiled modules against the build
@@ -13,7 +14,8 @@
 #   make install     (re)build and install lmdbio into .venv (non-editable)
 #   make test-sanitize  the parser, corruption, verify, fault and live-writer
 #                    tests against an ASan+UBSan build with the fault hook
-#                    (build/sanitize), then the fuzz targets over their corpora
+#                    (build/sanitize), tests/c under ASan+UBSan, then the fuzz
+#                    targets over their corpora
 #   make fuzz-smoke  each libFuzzer target (fuzz/) for FUZZ_SECONDS (30)
 #   make bench-dali  lmdbio against the real NVIDIA DALI (fn.readers.caffe, CPU
 #                    pipeline) from its own .venv-dali (a 1.1 GB download)
@@ -108,12 +110,14 @@ check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py
 
-# tests/c proves the lock protocol against the real liblmdb: it needs
-# liblmdb-dev (lmdb.h, -llmdb); without it `make test` stops and says so.
+# tests/c proves the lock protocol against the real liblmdb, and the
+# window pipeline's C lanes on files liblmdb wrote, also under
+# ThreadSanitizer: it needs liblmdb-dev (lmdb.h, -llmdb); without it `make
+# test` stops and says so.
 test: test-fast test-mpi
 	@printf '#include <lmdb.h>\n' | $(CC) -E - >/dev/null 2>&1 || { \
 		echo "make test: tests/c needs liblmdb-dev (apt-get install liblmdb-dev)" >&2; exit 1; }
-	$(MAKE) -C tests/c test
+	$(MAKE) -C tests/c test tsan
 
 # The documentation site (docs/, mkdocs.yml) into build/docs, warnings as
 # errors.  The API reference comes from the installed package's docstrings.
@@ -183,6 +187,7 @@ $(SAN_STAMP): $(DEPS_STAMP) $(SOURCES) setup.py
 test-sanitize: fuzz-tools $(SAN_STAMP)
 	$(SAN_ENV) $(VPY) -c "import lmdbio, sys; assert lmdbio._core._fault_injected() is not None; print('sanitizer build:', lmdbio.__file__)"
 	$(SAN_ENV) $(VPY) -m pytest -p no:cacheprovider $(SAN_TESTS) $(PYTEST_ARGS)
+	$(MAKE) -C tests/c asan
 	$(MAKE) fuzz-regress
 
 # The fuzz targets need clang with libFuzzer (Debian: clang libclang-rt-14-dev).

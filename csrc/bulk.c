@@ -836,8 +836,10 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     const lio_index *idx = b->idx;
     const uint64_t *map = idx->recmap;
     uint64_t lo = idx->first[0];
-    uint64_t total = idx->first[__atomic_load_n(&idx->nleaves,
-                                                __ATOMIC_ACQUIRE)];
+    /* the leaves counted when the step began (a begun index may be
+     * counted further meanwhile; first[0..nl] is written before nl) */
+    uint64_t nl = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
+    uint64_t total = idx->first[nl];
     uint64_t kb = 0, vb = 0, *leafof, prev = 0;
     size_t nleafy = 0;        /* records read through their leaf */
     size_t nmapped = 0;       /* records the map reads straight */
@@ -882,7 +884,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
          * to the next one: try those before searching. */
         if (i && ord >= idx->first[prev] && ord < idx->first[prev + 1])
             leaf = prev;
-        else if (i && prev + 1 < idx->nleaves &&
+        else if (i && prev + 1 < nl &&
                  ord >= idx->first[prev + 1] && ord < idx->first[prev + 2])
             leaf = prev + 1;
         else

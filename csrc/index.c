@@ -81,7 +81,10 @@ static int by_pgno(const void *a, const void *b)
 
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
 {
-    uint64_t n = idx->nleaves, lo = 0, hi = n; /* first[lo] <= ord < first[hi] */
+    /* (acquired: a begun index may be counted further meanwhile, and
+     * first[0..n] is written before n is published) */
+    uint64_t n = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
+    uint64_t lo = 0, hi = n;   /* first[lo] <= ord < first[hi] */
     /* Leaves hold similar numbers of records: start where an even spread
      * puts ord and widen from there, a few probes where a plain binary
      * search over a large index misses the cache a dozen times. */

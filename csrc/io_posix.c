@@ -259,6 +259,28 @@ void lio_posix_close(lio_posix *p)
 
 #define MAX_IOV 1024
 
+/* Where the gaps a plan merged across land.  Each thread that performs
+ * reads of one plan at the same time as others has its own: the bytes are
+ * never looked at, but two threads must not write one buffer at once. */
+typedef struct sink_buf {
+    uint8_t *buf;
+    size_t cap;
+} sink_buf;
+
+/* The drainer's own sink for this plan's gaps, or the plan's when memory
+ * runs out (the gap bytes are never read). */
+static uint8_t *own_sink(sink_buf *sk, const lio_plan *plan)
+{
+    if (plan->max_gap > sk->cap) {
+        uint8_t *b = realloc(sk->buf, plan->max_gap);
+        if (!b)
+            return plan->sink;
+        sk->buf = b;
+        sk->cap = plan->max_gap;
+    }
+    return sk->buf ? sk->buf : plan->sink;
+}
+
 struct lio_pool {
     lio_posix *p;
     unsigned nthreads;        /* started so far */
@@ -282,6 +304,7 @@ struct lio_pool {
     uint64_t advised, advice_skipped;
     uint64_t gaps_skipped;    /* planned gaps a cached read did not copy */
     pid_t pid;                /* the process whose threads these are */
+    sink_buf caller_sink;     /* the calling thread's, under run_mu */
 };
 
 /* A planned read (whose extent was checked against the file size) met the
@@ -313,8 +336,10 @@ static void count_reads(lio_pool *pool, uint64_t requests, uint64_t bytes)
     __atomic_fetch_add(&pool->bytes, bytes, __ATOMIC_RELAXED);
 }
 
+/* sink: where this thread puts the plan's gaps (the plan's own sink when
+ * no other thread performs the plan meanwhile). */
 static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
-                   lio_error *err)
+                   uint8_t *sink, lio_error *err)
 {
     lio_posix *p = pool->p;
     struct iovec iov[MAX_IOV];
@@ -355,7 +380,8 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
         src = stage + (r->off - start);
         for (i = 0; rc == 0 && i < nseg; i++) {
             const lio_seg *s = &plan->segs[r->first_seg + i];
-            memcpy(s->dst, src, s->len);
+            if (s->dst != plan->sink)   /* (a gap: nothing to keep) */
+                memcpy(s->dst, src, s->len);
             src += s->len;
         }
         free(stage);
@@ -363,7 +389,8 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
         uint64_t off = r->off;
         size_t first = 0, cnt = nseg;
         for (i = 0; i < nseg; i++) {
-            iov[i].iov_base = plan->segs[r->first_seg + i].dst;
+            uint8_t *dst = plan->segs[r->first_seg + i].dst;
+            iov[i].iov_base = dst == plan->sink ? sink : dst;
             iov[i].iov_len = plan->segs[r->first_seg + i].len;
         }
         while (cnt) {
@@ -400,9 +427,11 @@ static int do_read(lio_pool *pool, const lio_plan *plan, const lio_read *r,
     return rc;
 }
 
-/* Take reads off the current plan until none is left. */
-static void drain(lio_pool *pool, const lio_plan *plan)
+/* Take reads off the current plan until none is left (beside the other
+ * threads doing the same, each with its own sink). */
+static void drain(lio_pool *pool, const lio_plan *plan, sink_buf *sk)
 {
+    uint8_t *sink = own_sink(sk, plan);
     for (;;) {
         size_t i;
         lio_error err;
@@ -414,7 +443,7 @@ static void drain(lio_pool *pool, const lio_plan *plan)
         }
         i = pool->todo[pool->next++];
         pthread_mutex_unlock(&pool->mu);
-        rc = do_read(pool, plan, &plan->reads[i], &err);
+        rc = do_read(pool, plan, &plan->reads[i], sink, &err);
         if (rc) {
             pthread_mutex_lock(&pool->mu);
             if (!pool->rc) {
@@ -429,6 +458,7 @@ static void drain(lio_pool *pool, const lio_plan *plan)
 static void *worker(void *arg)
 {
     lio_pool *pool = arg;
+    sink_buf sink = {NULL, 0};
     /* Started between plans (start_threads): the next plan is new to it,
      * even one published before this thread first takes the lock. */
     uint64_t seen = pool->start_generation;
@@ -440,12 +470,13 @@ static void *worker(void *arg)
             break;
         seen = pool->generation;
         pthread_mutex_unlock(&pool->mu);
-        drain(pool, pool->plan);
+        drain(pool, pool->plan, &sink);
         pthread_mutex_lock(&pool->mu);
         if (--pool->busy == 0)
             pthread_cond_broadcast(&pool->done);
     }
     pthread_mutex_unlock(&pool->mu);
+    free(sink.buf);
     return NULL;
 }
 
@@ -567,7 +598,7 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
     if (ntodo == 1 || pool->nthreads == 0 || !mine) {
         for (size_t i = 0; i < ntodo; i++)
             if ((rc = do_read(pool, plan, &plan->reads[todo ? todo[i] : i],
-                              err)))
+                              plan->sink, err)))
                 return rc;
         return LIO_SUCCESS;
     }
@@ -590,7 +621,7 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
     pool->generation++;
     pthread_cond_broadcast(&pool->work);
     pthread_mutex_unlock(&pool->mu);
-    drain(pool, plan);
+    drain(pool, plan, &pool->caller_sink);
     pthread_mutex_lock(&pool->mu);
     while (pool->busy)
         pthread_cond_wait(&pool->done, &pool->mu);
@@ -717,6 +748,7 @@ void lio_pool_close(lio_pool *pool)
     for (unsigned i = 0; i < pool->nthreads; i++)
         pthread_join(pool->threads[i], NULL);
     free(pool->threads);
+    free(pool->caller_sink.buf);
     pthread_cond_destroy(&pool->work);
     pthread_cond_destroy(&pool->done);
     pthread_mutex_destroy(&pool->mu);

@@ -618,7 +618,9 @@ int lio_pipeline_next(lio_pipeline *p, lio_window *w);
  * batches of the window before, or those read before the pipeline
  * started): one more window may be read ahead.  Windows are read ahead
  * of the ones released, not of the ones taken, so a lane does not take a
- * block while the consumer still holds the one about to come back. */
+ * block while the consumer still holds the one about to come back.  Call
+ * it once for each window taken: without it the lanes stop after ahead + 1
+ * windows and lio_pipeline_next waits for them. */
 void lio_pipeline_release(lio_pipeline *p);
 void lio_pipeline_get_stats(lio_pipeline *p, lio_pipeline_stats *st);
 /* Stop: each lane finishes the window it is reading and exits (joined

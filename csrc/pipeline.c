@@ -315,13 +315,17 @@ static int lane_room(lane *ln, size_t nb)
     return 0;
 }
 
-/* Wait until `turn` windows have counted (or the pipeline stops). */
-static void wait_turn(lio_pipeline *p, uint64_t turn)
+/* Wait until `turn` windows have counted: 0, or 1 when the pipeline
+ * stops. */
+static int wait_turn(lio_pipeline *p, uint64_t turn)
 {
+    int stop;
     pthread_mutex_lock(&p->lock);
     while (p->turn < turn && !p->stop)
         pthread_cond_wait(&p->turns, &p->lock);
+    stop = p->stop;
     pthread_mutex_unlock(&p->lock);
+    return stop;
 }
 
 /* Window k of an epoch that counts a begun index's leaves as it reads
@@ -338,19 +342,20 @@ static void count_in_turn(lane *ln, uint64_t k, const int64_t *ords, size_t n,
     lio_pipeline *p = ln->p;
     lio_index *idx = p->cfg.grow;
     uint64_t counted, covered, lo, hi, nl;
+    int stop;
     if (k)
         wait_turn(p, k - 1);
     pthread_mutex_lock(&p->lock);
     counted = p->basis[k % RING][0];
     covered = p->basis[k % RING][1];
+    stop = p->stop;
     pthread_mutex_unlock(&p->lock);
-    if (counted < idx->tree_leaves && !p->stop && n) {
+    if (counted < idx->tree_leaves && !stop && n) {
         lio_leaves_ahead((uint64_t)ords[0], (uint64_t)ords[n - 1], counted,
                          covered, idx->tree_leaves, p->cfg.entries, &lo, &hi);
         lio_bulk_read_leaves(ln->bulk, lo, hi);
     }
-    wait_turn(p, k);
-    if (!p->stop && n)
+    if (!wait_turn(p, k) && n)
         lio_bulk_extend(ln->bulk, idx, most, 1);
     nl = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&p->lock);
