@@ -462,18 +462,24 @@ def shard(layout, rank, P, shuffle=False, seed=0, epoch=0, batch_size=256):
                        batch_size)
 
 
-def reader_policy(storage="local", prefetch_bytes=64 << 20, unit="window"):
+def reader_policy(storage="local", prefetch_bytes=64 << 20, unit="window",
+                  shuffle=False):
     """The planning policy of the installed Reader for its `storage` model
-    (lmdbio.reader._io_policy: the gap tolerance and the largest request);
-    a Reader without one plans per batch with 64 KiB / 8 MiB."""
+    (lmdbio.reader._io_policy: the gap tolerance and the largest request;
+    _window_budget: what a window of an epoch in key order, or shuffled,
+    holds); a Reader without one plans per batch with 64 KiB / 8 MiB."""
     try:
         from lmdbio.reader import _io_policy
     except ImportError:
         return Policy(unit="batch")
     gap, max_read, _, _ = _io_policy(storage)
-    # two lanes each hold a window, one is consumed, one waits
+    try:   # the Reader's own window budget
+        from lmdbio.reader import _window_budget
+        window = _window_budget(prefetch_bytes, shuffle)
+    except ImportError:   # (before it had one: a quarter of prefetch_bytes)
+        window = prefetch_bytes // 4
     return Policy(max_gap=gap, max_read=max_read, unit=unit,
-                  window_bytes=prefetch_bytes // 4, growth=True, threads=16)
+                  window_bytes=window, growth=True, threads=16)
 
 
 def steps_of(layout, ords_per_batch, pol, mapped=False):

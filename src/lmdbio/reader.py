@@ -37,7 +37,21 @@ _log = logging.getLogger('lmdbio')
 # in the CPU's cache between the read and the copy into the batches, and a
 # fresh process faults in less new memory (measured: a hot 80 MB epoch in a
 # new process took 2x as long with 16 MiB windows as with 2-4 MiB ones).
+# In key order 2 MiB (the C lanes' per-window cost is small: fresh
+# processes, 7-11 interleaved rounds, 2 against 4 MiB: the demo's 20 ms
+# epoch 20 vs 23-27 ms, 500k small records 96-104 vs 108-118 ms, scattered
+# 117 vs 134 ms, big 184 vs 187 ms); shuffled 4 MiB, where a larger window
+# holds records nearer each other in the file (500k small records 715 vs
+# 801 ms).
 _WINDOW_BYTES = 4 << 20
+_ORDERED_WINDOW_BYTES = 2 << 20
+
+
+def _window_budget(prefetch_bytes, shuffle, lanes=2):
+    """What a window may hold: a share of prefetch_bytes (one window being
+    read per lane, one consumed, one waiting), at most a few MiB."""
+    most = _WINDOW_BYTES if shuffle else _ORDERED_WINDOW_BYTES
+    return max(1, min(prefetch_bytes // (lanes + 2), most))
 # Leaves held in memory for random access (_random_access), at most this
 # many bytes: a million CIFAR-like records have 26 MB of leaves.
 _LEAVES_HELD = 128 << 20
@@ -1417,7 +1431,7 @@ class Reader:
         prefetch threads (lanes): while one reads its window the other
         copies records out of its own, so both cores work.  A window is as
         many batches as fit in a quarter of prefetch_bytes (two being read,
-        one consumed, one waiting) and _WINDOW_BYTES; the first is one
+        one consumed, one waiting) and a few MiB (_window_budget); the first is one
         batch, so that the first batch comes quickly, and each is at most
         twice the last.  Windows bigger than that (batches of big values)
         are read at most one per lane ahead of the consumer.  The lanes are
@@ -1427,7 +1441,7 @@ class Reader:
         epoch begun while another runs on the same file."""
         bs = self.batch_size
         lanes = len(self._lane_locks)
-        budget = max(1, min(self.prefetch_bytes // (lanes + 2), _WINDOW_BYTES))
+        budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes)
         self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
         self._new_pass()
         cond = threading.Condition(threading.RLock())
