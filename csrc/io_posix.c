@@ -462,6 +462,11 @@ static void *worker(void *arg)
     /* Started between plans (start_threads): the next plan is new to it,
      * even one published before this thread first takes the lock. */
     uint64_t seen = pool->start_generation;
+#ifdef __linux__
+    /* (else it keeps the name of the thread that started it: a Reader's
+     * lane, say) */
+    pthread_setname_np(pthread_self(), "lmdbio-read");
+#endif
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         while (!pool->stop && pool->generation == seen)
