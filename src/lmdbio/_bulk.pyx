@@ -981,14 +981,17 @@ cdef class BulkFile:
         self.close()
 
 
-def leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
-                 uint64_t covered, uint64_t leaves, uint64_t records):
+def leaves_ahead(first_ord, last_ord, uint64_t counted, uint64_t covered,
+                 uint64_t leaves, uint64_t records):
     """The leaves [lo, hi) that a window of a first start in key order
     (ordinals first_ord..last_ord) will count, expected from the index as
     it stood before the window ahead of it counted (`counted` leaves
     holding `covered` records): lio_leaves_ahead, the rule the window
-    pipeline's lanes follow."""
+    pipeline's lanes follow.  An empty window (last_ord < first_ord)
+    expects none."""
     cdef uint64_t lo = 0, hi = 0
+    if last_ord < first_ord:
+        return counted, counted
     lio_leaves_ahead(first_ord, last_ord, counted, covered, leaves, records,
                      &lo, &hi)
     return lo, hi
