@@ -777,6 +777,30 @@ def test_forked_child_can_read(tmp_path):
     assert os.WEXITSTATUS(status) == 0, proc.stderr
 
 
+def test_reads_leave_the_access_time_alone(tmp_path):
+    """The data file is opened with O_NOATIME where the reader owns it: a
+    read otherwise makes the kernel check (and, past a day, update) the
+    file's access time, a cost on every read of a shuffled epoch."""
+    write_items(tmp_path, [(b"k%05d" % i, b"v" * 300) for i in range(2000)])
+    data = data_file(tmp_path)
+    old = 1_000_000_000     # 2001: "relatime" updates anything that old
+    st = os.stat(data)
+    os.utime(data, (old, st.st_mtime))
+    with open(data, "rb") as f:   # does a plain read update it here?
+        f.read(4096)
+    if os.stat(data).st_atime == old:
+        pytest.skip("this filesystem does not update access times on reads")
+    os.utime(data, (old, st.st_mtime))
+    with lmdbio.Reader(str(tmp_path), batch_size=100, index_cache=False,
+                       shuffle=True) as r:
+        assert sum(len(b) for b in r) == 2000
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False)
+    with env.begin() as txn:
+        assert txn.get(b"k00042") == b"v" * 300
+    env.close()
+    assert os.stat(data).st_atime == old
+
+
 FORK_MID_EPOCH_SCRIPT = r"""
 import os, signal, sys
 import lmdbio
