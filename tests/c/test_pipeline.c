@@ -907,6 +907,33 @@ static long stress_delay_us(unsigned it)
     return d[(it * 5 + it / 7) % 7];
 }
 
+/* Start the pipeline of a stress case (over a begun index of its own when
+ * `begun`, whose readers go to gl): 0, or 1 after saying why not (nothing
+ * is left open then). */
+static int start_stress(lfile *f, int begun, lio_index **gi, lio_bulk *gl[3],
+                        uint64_t basis[2][2], const pcase *c,
+                        lio_pipeline_cfg *cfg, lio_pipeline **p)
+{
+    lio_bulk *const *lanes = f->lane;
+    lio_error err;
+    if (begun) {
+        if (open_begun(f, gi, gl)) {
+            close_begun(*gi, gl);
+            return 1;
+        }
+        lanes = gl;
+    }
+    make_cfg(cfg, f, lanes, begun ? *gi : NULL,
+             (const uint64_t(*)[2])basis, c);
+    if (lio_pipeline_start(p, cfg, &err)) {
+        fail("lio_pipeline_start: %s", err.msg);
+        if (begun)
+            close_begun(*gi, gl);
+        return 1;
+    }
+    return 0;
+}
+
 /* Start a pipeline, take a few windows, then stop and free it (or free
  * it, which stops it) from this thread while the lanes are reading. */
 static int t_stop(lfile *f)
@@ -916,7 +943,6 @@ static int t_stop(lfile *f)
         pcase c = stress_case(it, &begun);
         lio_index *gi = NULL;
         lio_bulk *gl[3] = {NULL, NULL, NULL};
-        lio_bulk *const *lanes = f->lane;
         uint64_t basis[2][2] = {{0, 0}, {0, 0}}, pos = 0;
         int release = it % 8 < 5, rc = 0;
         /* windows are read ahead of those released: without a release
@@ -925,7 +951,6 @@ static int t_stop(lfile *f)
         lio_pipeline_cfg cfg;
         lio_pipeline *p;
         lio_window w;
-        lio_error err;
         set_case("%s/stop/%u (%s, %s, batch %zu, window %zu, take %u%s, "
                  "delay %ldus, %s)", f->label, it,
                  begun ? "begun" : c.shuffled ? "shuffled" : "key order",
@@ -933,21 +958,8 @@ static int t_stop(lfile *f)
                  release ? "" : " unreleased", stress_delay_us(it),
                  it % 2 ? "stop+free" : "free");
         alarm(WATCHDOG_SECONDS);
-        if (begun) {
-            if (open_begun(f, &gi, gl)) {
-                close_begun(gi, gl);
-                continue;
-            }
-            lanes = gl;
-        }
-        make_cfg(&cfg, f, lanes, begun ? gi : NULL,
-                 (const uint64_t(*)[2])basis, &c);
-        if (lio_pipeline_start(&p, &cfg, &err)) {
-            fail("lio_pipeline_start: %s", err.msg);
-            if (begun)
-                close_begun(gi, gl);
+        if (start_stress(f, begun, &gi, gl, basis, &c, &cfg, &p))
             continue;
-        }
         for (k = 0; k < take; k++) {
             if ((rc = lio_pipeline_next(p, &w)))
                 break;
@@ -1001,12 +1013,10 @@ static int t_stop_thread(lfile *f)
         pcase c = stress_case(it + 1, &begun);
         lio_index *gi = NULL;
         lio_bulk *gl[3] = {NULL, NULL, NULL};
-        lio_bulk *const *lanes = f->lane;
         uint64_t basis[2][2] = {{0, 0}, {0, 0}}, pos = 0, k = 0;
         lio_pipeline_cfg cfg;
         lio_pipeline *p;
         lio_window w;
-        lio_error err;
         pthread_t tid;
         stopper s;
         int rc;
@@ -1016,21 +1026,8 @@ static int t_stop_thread(lfile *f)
                  c.keys ? "keys" : "no keys", c.batch, c.window, mode,
                  stress_delay_us(it + 3));
         alarm(WATCHDOG_SECONDS);
-        if (begun) {
-            if (open_begun(f, &gi, gl)) {
-                close_begun(gi, gl);
-                continue;
-            }
-            lanes = gl;
-        }
-        make_cfg(&cfg, f, lanes, begun ? gi : NULL,
-                 (const uint64_t(*)[2])basis, &c);
-        if (lio_pipeline_start(&p, &cfg, &err)) {
-            fail("lio_pipeline_start: %s", err.msg);
-            if (begun)
-                close_begun(gi, gl);
+        if (start_stress(f, begun, &gi, gl, basis, &c, &cfg, &p))
             continue;
-        }
         s.p = p;
         s.delay_us = stress_delay_us(it + 3);
         if (pthread_create(&tid, NULL, stopper_main, &s)) {
