@@ -16,6 +16,7 @@
  * (ordinal -> leaf, the record map)
  * and cursor.c (the records of a leaf's duplicate sub-trees). */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -722,6 +723,13 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                                     "index"));
     if (!lio_index_pending(idx) || lio_index_holds(idx, need))
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
+    if (idx->grow_pid != getpid()) {
+        /* A forked child's first extension: the thread that may have held
+         * the lock at the fork is not here.  (The child reaches this before
+         * it starts threads of its own: its lanes start after a window.) */
+        pthread_mutex_init(&idx->grow, NULL);
+        idx->grow_pid = getpid();
+    }
     pthread_mutex_lock(&idx->grow);
     rc = extend(b, idx, need, keep);
     pthread_mutex_unlock(&idx->grow);

@@ -13,6 +13,7 @@
  * May call: errors.c, format.c (page and leaf-header checks,
  * lio_leaf_dup_records, lio_grow), plan.c and pager.c (lio_check_extent). */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -273,6 +274,7 @@ int lio_index_adopt(lio_index **out, const lio_meta *snap,
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     }
     pthread_mutex_init(&idx->grow, NULL);
+    idx->grow_pid = getpid();
     idx->txnid = snap->txnid;
     idx->root = db->root;
     idx->nleaves = nleaves;
@@ -745,6 +747,7 @@ int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
         goto fail;
     }
     pthread_mutex_init(&idx->grow, NULL);
+    idx->grow_pid = getpid();
     /* What a build's leaf scan checks of the leaf list as a whole, before
      * any leaf is read: every leaf reached once, inside the snapshot. */
     if (n)   /* (an empty tree has no leaf list) */

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -373,6 +374,9 @@ typedef struct lio_index {
     uint64_t *built_map;     /* (entries of the tree: bounded by mapping) */
     int mapping;
     pthread_mutex_t grow;    /* one lio_bulk_extend of it at a time */
+    pid_t grow_pid;          /* the process that initialised grow: a forked
+                              * child re-initialises it (a parent's lane may
+                              * have held it at the fork) */
 } lio_index;
 
 /* Read every leaf of the index into memory, with the checks a bulk read
@@ -611,8 +615,10 @@ void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
 int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
                        lio_error *err);
 /* The next window in order, waiting for it; LIO_NOTFOUND after the last,
- * LIO_EINVAL in a forked child (the lanes are the parent's).  Stop and
- * free do nothing there. */
+ * LIO_STOPPED when the pipeline was stopped first (lio_pipeline_stop:
+ * the windows not taken are not read), LIO_EINVAL in a forked child (the
+ * lanes are the parent's; stop, free and the stats do nothing there). */
+#define LIO_STOPPED 2
 int lio_pipeline_next(lio_pipeline *p, lio_window *w);
 /* The consumer let go of what it held before the window it took last (the
  * batches of the window before, or those read before the pipeline
@@ -624,7 +630,9 @@ int lio_pipeline_next(lio_pipeline *p, lio_window *w);
 void lio_pipeline_release(lio_pipeline *p);
 void lio_pipeline_get_stats(lio_pipeline *p, lio_pipeline_stats *st);
 /* Stop: each lane finishes the window it is reading and exits (joined
- * here); a consumer waiting in lio_pipeline_next returns LIO_NOTFOUND. */
+ * here: when several threads stop it at once, each returns only once the
+ * lanes are joined); a consumer waiting in lio_pipeline_next returns
+ * LIO_STOPPED. */
 void lio_pipeline_stop(lio_pipeline *p);
 /* Stop, drop the windows not taken and free (no consumer may be inside
  * lio_pipeline_next). */

@@ -115,7 +115,8 @@ void lio_block_give(void *p, size_t cap)
 
 /* ---- the pipeline -------------------------------------------------------- */
 
-/* Windows claimed and not yet taken: at most ahead + 2. */
+/* Windows claimed and not yet taken: at most ahead + 1 (ahead is at most
+ * LIO_PIPELINE_LANES). */
 #define RING 16
 
 typedef struct lane {
@@ -142,6 +143,8 @@ struct lio_pipeline {
     pthread_mutex_t lock;
     pthread_cond_t claimable; /* a lane may claim (released moved, stop) */
     pthread_cond_t delivered; /* a window is ready, or a lane ended */
+    pthread_mutex_t join_lock;/* one lio_pipeline_stop joins the lanes; the
+                               * others wait for it */
     uint64_t pos;             /* next position to claim */
     uint64_t seq, taken;      /* windows claimed, taken by the consumer */
     uint64_t released;        /* windows whose predecessor's memory the
@@ -217,8 +220,9 @@ static int fill_ordinals(const lio_pipeline_cfg *c, int64_t **buf,
 
 /* The next window in order: its sequence number, first position, records
  * and the positions it advises, or 0 when there is none (or the pipeline
- * stops).  Each position is advised once, by the window claimed two ahead
- * of it. */
+ * stops).  A window advises the positions up to two windows past its own
+ * that no window advised before: each position once, a window or two
+ * before it is read. */
 static int claim(lio_pipeline *p, uint64_t *seq, uint64_t *start,
                  size_t *nrec, uint64_t *adv_lo, uint64_t *adv_hi)
 {
@@ -386,6 +390,8 @@ static void read_window(lane *ln, uint64_t seq, uint64_t start, size_t n,
     w->nb = nb;
     if (lane_room(ln, nb) ||
         fill_ordinals(c, &ln->ords, &ln->ords_cap, start, n)) {
+        if (c->grow)   /* the windows after it wait for its turn */
+            count_in_turn(ln, seq, NULL, 0, 0);
         w->rc = lio_fail(&w->err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
         return;
     }
@@ -542,9 +548,10 @@ int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
     p->pos = cfg->start;
     p->advised = cfg->advised > cfg->start ? cfg->advised : cfg->start;
     p->nbatch = cfg->nbatch ? cfg->nbatch : 1;
-    p->ahead = cfg->ahead;
+    p->ahead = cfg->ahead < cfg->nlanes ? cfg->ahead : cfg->nlanes;
     p->pid = getpid();
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->join_lock, NULL);
     pthread_cond_init(&p->claimable, NULL);
     pthread_cond_init(&p->delivered, NULL);
     pthread_cond_init(&p->turns, NULL);
@@ -587,10 +594,13 @@ int lio_pipeline_next(lio_pipeline *p, lio_window *w)
         s = &p->ring[p->taken % RING];
         if (s->ready && s->seq == p->taken)
             break;
-        if (p->stop || (p->running == 0) ||
-            (p->taken == p->seq && p->pos >= p->cfg.stop)) {
+        if (p->taken == p->seq && p->pos >= p->cfg.stop) {
             pthread_mutex_unlock(&p->lock);
-            return LIO_NOTFOUND;
+            return LIO_NOTFOUND;   /* every window delivered */
+        }
+        if (p->stop || p->running == 0) {
+            pthread_mutex_unlock(&p->lock);
+            return LIO_STOPPED;
         }
         pthread_cond_wait(&p->delivered, &p->lock);
     }
@@ -614,6 +624,10 @@ void lio_pipeline_release(lio_pipeline *p)
 
 void lio_pipeline_get_stats(lio_pipeline *p, lio_pipeline_stats *st)
 {
+    if (p->pid != getpid()) {   /* (its lock may be held by a lost lane) */
+        memset(st, 0, sizeof *st);
+        return;
+    }
     pthread_mutex_lock(&p->lock);
     *st = p->stats;
     pthread_mutex_unlock(&p->lock);
@@ -630,13 +644,15 @@ void lio_pipeline_stop(lio_pipeline *p)
     pthread_cond_broadcast(&p->turns);
     pthread_mutex_unlock(&p->lock);
     /* each lane finishes the window it is reading, sees the stop and
-     * exits */
+     * exits; a second caller returns once the first has joined them */
+    pthread_mutex_lock(&p->join_lock);
     for (unsigned i = 0; i < LIO_PIPELINE_LANES; i++) {
         lane *ln = &p->lanes[i];
         if (ln->started)
             pthread_join(ln->tid, NULL);
         ln->started = 0;
     }
+    pthread_mutex_unlock(&p->join_lock);
 }
 
 void lio_pipeline_free(lio_pipeline *p)
@@ -657,6 +673,7 @@ void lio_pipeline_free(lio_pipeline *p)
     pthread_cond_destroy(&p->claimable);
     pthread_cond_destroy(&p->delivered);
     pthread_cond_destroy(&p->turns);
+    pthread_mutex_destroy(&p->join_lock);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }

@@ -804,45 +804,57 @@ def test_reads_leave_the_access_time_alone(tmp_path):
 FORK_MID_EPOCH_SCRIPT = r"""
 import os, signal, sys
 import lmdbio
-r = lmdbio.Reader(sys.argv[1], batch_size=16, index_cache=False, shuffle=True,
-                  prefetch_bytes=64 << 10)
-it = iter(r)
-seen = [next(it), next(it)]            # the C lanes are reading ahead
-pid = os.fork()
-if pid == 0:
-    signal.alarm(8)
-    try:
+shuffle, trials = sys.argv[2] == "1", int(sys.argv[3])
+for trial in range(trials):
+    r = lmdbio.Reader(sys.argv[1], batch_size=16, index_cache=False,
+                      shuffle=shuffle, prefetch_bytes=64 << 10)
+    it = iter(r)
+    seen = [next(it) for _ in range(2 + trial)]   # the C lanes read ahead
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(8)
         try:
-            next(it)                   # the parent's epoch: its lanes
-            os._exit(5)                # stayed in the parent
-        except lmdbio.Error as e:
-            if "forked" not in str(e):
-                raise
-        n = sum(len(x) for x in r)     # a new epoch works here
-        os._exit(0 if n == 3000 else 3)
-    except BaseException as e:
-        sys.stderr.write("child: %r" % (e,))
-        os._exit(4)
-n = sum(len(b) for b in seen) + sum(len(b) for b in it)
-_, status = os.waitpid(pid, 0)
-print(n, status)
-r.close()
+            try:
+                next(it)                   # the parent's epoch: its lanes
+                os._exit(5)                # stayed in the parent
+            except lmdbio.Error as e:
+                if "forked" not in str(e):
+                    raise
+            n = sum(len(x) for x in r)     # a new epoch works here
+            os._exit(0 if n == 3000 else 3)
+        except BaseException as e:
+            sys.stderr.write("child: %r" % (e,))
+            os._exit(4)
+    n = sum(len(b) for b in seen) + sum(len(b) for b in it)
+    _, status = os.waitpid(pid, 0)
+    print(n, status)
+    if n != 3000 or status:
+        break
+    r.close()
 """
 
 
-def test_forked_child_mid_epoch_is_told_and_can_start_anew(tmp_path):
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_forked_child_mid_epoch_is_told_and_can_start_anew(tmp_path, shuffle):
     """A process forks while a Reader's epoch is read ahead by C lanes:
     the child continuing that epoch gets a clear error (the lanes stayed
     in the parent) instead of waiting forever, a new epoch works there,
-    and the parent's epoch is whole."""
+    and the parent's epoch is whole.  In key order the lanes count the
+    index as they read (a lane may hold its lock at the fork): forks at
+    several points of the epoch."""
     write_items(tmp_path, [(b"k%05d" % i, b"v" * 300) for i in range(3000)])
-    proc = run_py(FORK_MID_EPOCH_SCRIPT, tmp_path, timeout=90)
+    trials = 1 if shuffle else 12
+    proc = run_py(FORK_MID_EPOCH_SCRIPT, tmp_path, int(shuffle), trials,
+                  timeout=120)
     assert proc.returncode == 0, proc.stderr
-    n, status = map(int, proc.stdout.split()[-2:])
-    assert n == 3000
-    assert os.WIFEXITED(status), "child killed by signal %d (hang: SIGALRM=14)" \
-        % os.WTERMSIG(status)
-    assert os.WEXITSTATUS(status) == 0, proc.stderr
+    lines = proc.stdout.split("\n")[:-1]
+    assert len(lines) == trials, (proc.stdout, proc.stderr)
+    for line in lines:
+        n, status = map(int, line.split())
+        assert n == 3000
+        assert os.WIFEXITED(status), "child killed by signal %d (hang: " \
+            "SIGALRM=14)" % os.WTERMSIG(status)
+        assert os.WEXITSTATUS(status) == 0, proc.stderr
 
 
 def test_len_num_records_total_records(shard_envs):

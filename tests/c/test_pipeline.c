@@ -24,9 +24,12 @@
  *                equals a whole build
  *   stop         lio_pipeline_stop/free from the consumer's thread while
  *                the lanes are mid-window
- *   stop_thread  lio_pipeline_stop from a second thread while the
- *                consumer waits in lio_pipeline_next (which must return
- *                LIO_NOTFOUND or a window, never hang)
+ *   stop_thread  lio_pipeline_stop from a second thread (or from two at
+ *                once) while the consumer waits in lio_pipeline_next
+ *                (which must return a window, LIO_STOPPED, or
+ *                LIO_NOTFOUND once every window was taken; never hang)
+ *   fork         a forked child extends a begun index whose lock a
+ *                thread of the parent held at the fork
  *
  *   make -C tests/c test      (or: tests/c/test_pipeline [name ...]; a
  *                             name "whole/shuf" runs the cases of whole
@@ -43,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1000,16 +1004,17 @@ static void *stopper_main(void *arg)
     return NULL;
 }
 
-/* A second thread stops the pipeline while this one takes windows or
- * waits in lio_pipeline_next: that returns a window or LIO_NOTFOUND, and
- * once it has said LIO_NOTFOUND (the thread joined) the pipeline is
- * freed.  Modes: 0 the consumer never releases (the lanes stop claiming
- * after a few windows, so the consumer surely waits in next when the stop
- * comes); 1 it releases each window; 2 it releases and is slow. */
+/* Second threads stop the pipeline while this one takes windows or waits
+ * in lio_pipeline_next: that returns a window, LIO_STOPPED with windows
+ * untaken, or LIO_NOTFOUND once all were taken.  With two stoppers each
+ * returns once the lanes are joined (freeing after both must be safe).
+ * Modes: 0 the consumer never releases (the lanes stop claiming after a
+ * few windows, so the consumer surely waits in next when the stop comes);
+ * 1 it releases each window; 2 it releases and is slow. */
 static int t_stop_thread(lfile *f)
 {
     for (unsigned it = 0; it < STRESS_ITERS; it++) {
-        int begun, mode = (int)(it % 3);
+        int begun, mode = (int)(it % 3), nstop = 1 + (int)((it / 3) % 2);
         pcase c = stress_case(it + 1, &begun);
         lio_index *gi = NULL;
         lio_bulk *gl[3] = {NULL, NULL, NULL};
@@ -1017,21 +1022,28 @@ static int t_stop_thread(lfile *f)
         lio_pipeline_cfg cfg;
         lio_pipeline *p;
         lio_window w;
-        pthread_t tid;
+        pthread_t tid[2];
         stopper s;
-        int rc;
+        int rc, started = 0;
         set_case("%s/stop_thread/%u (%s, %s, batch %zu, window %zu, mode "
-                 "%d, delay %ldus)", f->label, it,
+                 "%d, delay %ldus, %d stopper%s)", f->label, it,
                  begun ? "begun" : c.shuffled ? "shuffled" : "key order",
                  c.keys ? "keys" : "no keys", c.batch, c.window, mode,
-                 stress_delay_us(it + 3));
+                 stress_delay_us(it + 3), nstop, nstop > 1 ? "s" : "");
         alarm(WATCHDOG_SECONDS);
         if (start_stress(f, begun, &gi, gl, basis, &c, &cfg, &p))
             continue;
         s.p = p;
         s.delay_us = stress_delay_us(it + 3);
-        if (pthread_create(&tid, NULL, stopper_main, &s)) {
-            fail("pthread_create failed");
+        for (; started < nstop; started++)
+            if (pthread_create(&tid[started], NULL, stopper_main, &s)) {
+                fail("pthread_create failed");
+                break;
+            }
+        if (started < nstop) {
+            lio_pipeline_stop(p);
+            for (int i = 0; i < started; i++)
+                pthread_join(tid[i], NULL);
             lio_pipeline_free(p);
             if (begun)
                 close_begun(gi, gl);
@@ -1050,20 +1062,66 @@ static int t_stop_thread(lfile *f)
             if (mode == 2)
                 sleep_us(50);
         }
-        if (rc != 0 && rc != LIO_NOTFOUND)
+        if (rc != 0 && rc != LIO_NOTFOUND && rc != LIO_STOPPED)
             fail("lio_pipeline_next returned %d after %llu windows", rc,
                  (unsigned long long)k);
-        if (rc == LIO_NOTFOUND && pos > c.stop)
-            fail("the windows passed the share's end");
-        pthread_join(tid, NULL);
-        /* after the stop, next says LIO_NOTFOUND at once (or hands out
-         * a window read before it) */
-        while (lio_pipeline_next(p, &w) == 0)
+        if (rc == LIO_NOTFOUND && pos != c.stop)
+            fail("LIO_NOTFOUND at position %llu, the share ends at %llu",
+                 (unsigned long long)pos, (unsigned long long)c.stop);
+        if (rc == LIO_STOPPED && pos >= c.stop)
+            fail("LIO_STOPPED after every window was taken");
+        for (int i = 0; i < nstop; i++)
+            pthread_join(tid[i], NULL);
+        /* after the stop, next hands out what was read before it, then
+         * says LIO_STOPPED (or LIO_NOTFOUND, all taken) at once */
+        while ((rc = lio_pipeline_next(p, &w)) == 0)
             lio_block_give(w.block, w.cap);
+        if (rc != LIO_NOTFOUND && rc != LIO_STOPPED)
+            fail("lio_pipeline_next after the stop returned %d", rc);
         lio_pipeline_free(p);
         if (begun)
             close_begun(gi, gl);
     }
+    return 0;
+}
+
+/* The parent holds a begun index's lock (as a lane counting leaves does)
+ * when the process forks: the child's extension (its new epoch's first
+ * window) must count the leaves, not wait forever for a lock whose
+ * holder is not in the child. */
+static int t_fork(lfile *f)
+{
+    lio_index *gi = NULL;
+    lio_bulk *gl[3];
+    pid_t pid;
+    int status = 0;
+    set_case("%s/fork", f->label);
+    alarm(WATCHDOG_SECONDS);
+    if (open_begun(f, &gi, gl)) {
+        close_begun(gi, gl);
+        return 0;
+    }
+    pthread_mutex_lock(&gi->grow);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        if (lio_bulk_extend(gl[0], gi, N / 2, 1) ||
+            !lio_index_holds(gi, N / 2)) {
+            fail("the child's extension: %s", lio_bulk_error(gl[0])->msg);
+            _exit(1);
+        }
+        _exit(0);
+    }
+    pthread_mutex_unlock(&gi->grow);
+    if (pid < 0)
+        fail("fork failed");
+    else if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+             WEXITSTATUS(status) != 0)
+        fail("the child %s %d", WIFEXITED(status) ? "exited with" :
+             "was killed by signal", WIFEXITED(status) ? WEXITSTATUS(status)
+             : WTERMSIG(status));
+    close_begun(gi, gl);
     return 0;
 }
 
@@ -1077,6 +1135,7 @@ static const struct {
     {"begun", t_begun},
     {"stop", t_stop},
     {"stop_thread", t_stop_thread},
+    {"fork", t_fork},
 };
 #define NTESTS (sizeof tests / sizeof *tests)
 
@@ -1101,7 +1160,7 @@ int main(int argc, char **argv)
     }
     if (!any) {
         fprintf(stderr, "test_pipeline: no test named (tests: whole begun "
-                "stop stop_thread)\n0/0 passed\n");
+                "stop stop_thread fork)\n0/0 passed\n");
         return 0;
     }
     memset(&sa, 0, sizeof sa);
