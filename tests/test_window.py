@@ -447,6 +447,114 @@ def test_close_from_another_thread_while_waiting_for_a_window(
         assert not prefetch_threads()
 
 
+@pytest.fixture(scope="module")
+def wide_env(tmp_path_factory):
+    """6,000 records of 3 KB in key order: windows of MiBs, which the lanes
+    take a while to finish when stopped."""
+    path = str(tmp_path_factory.mktemp("wide"))
+    write_items(path, [(b"w%06d" % i, value_of(i, 3000)) for i in range(6000)])
+    return path
+
+
+@pytest.mark.parametrize("consumer", [False, True])
+def test_close_from_two_threads_at_once(wide_env, consumer):
+    """Two threads close the Reader mid-epoch (while a third iterates, or
+    nobody does): each close returns once the lanes are joined (the second
+    does not free the readers they still use), a consumer gets
+    lmdbio.Error or finishes, nothing crashes, no lane is left."""
+    import threading
+    for delay in (0.0, 0.001, 0.005):
+        for _ in range(5):
+            r = lmdbio.Reader(wide_env, batch_size=64, index_cache=False)
+            it = iter(r)
+            for _ in range(20):   # the pipeline runs, its windows grown
+                next(it)
+            out, failed = [], []
+
+            def consume():
+                try:
+                    for b in it:
+                        out.append(len(b))
+                    out.append("done")
+                except lmdbio.Error as e:
+                    out.append(e)
+
+            def close():
+                try:
+                    r.close()
+                except BaseException as e:   # reported below
+                    failed.append(e)
+
+            threads = [threading.Thread(target=close) for _ in range(2)]
+            if consumer:
+                threads.insert(0, threading.Thread(target=consume))
+            threads[0].start()
+            time.sleep(delay)
+            for t in threads[1:]:
+                t.start()
+            for t in threads:
+                t.join(30)
+                assert not t.is_alive()
+            assert not failed
+            if consumer:
+                assert out and (out[-1] == "done" or
+                                isinstance(out[-1], lmdbio.Error)), out[-3:]
+            assert not prefetch_threads()
+
+
+@pytest.mark.parametrize("shard", [(0, 4), (3, 4), (0, 1)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_read_mid_epoch_changes_the_index_and_the_epoch_goes_on(
+        scattered_env, shard, shuffle):
+    """read() of ordinals a shard's partial index does not cover (it builds
+    the whole index), or read() during a first start that counts the index
+    as it reads (it finishes the count and loads its record map): the
+    window pipeline stops under the change and the epoch goes on from
+    where it stopped, every record of the shard once, as an epoch without
+    the read() yields."""
+    path, items = scattered_env
+    rank, size = shard
+    kw = dict(batch_size=16, rank=rank, world_size=size, shuffle=shuffle,
+              index_cache=False, prefetch_bytes=256 << 10)
+    with lmdbio.Reader(path, **kw) as r:
+        expect = [(b.indices.tolist(), b.values.tolist()) for b in r]
+    with lmdbio.Reader(path, **kw) as r:
+        got = []
+        for i, b in enumerate(r):
+            got.append((b.indices.tolist(), b.values.tolist()))
+            if i == 5:
+                (v,) = r.read([len(items) - 1]).values.tolist()
+                assert v == items[-1][1]
+                assert r.window_stats["pipeline_windows"] > 0
+        assert not prefetch_threads()
+    assert got == expect
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_set_epoch_mid_epoch_keeps_the_order_it_began_with(
+        scattered_env, wide_env, several):
+    """set_epoch() while an epoch runs selects the next epoch's order; the
+    running one keeps its own: in the C lanes, in the Python lanes that
+    read several environments, and after read() mid-epoch."""
+    path = [scattered_env[0], wide_env] if several else scattered_env[0]
+    kw = dict(batch_size=16, rank=1, world_size=2, shuffle=True,
+              index_cache=False, prefetch_bytes=256 << 10)
+    with lmdbio.Reader(path, **kw) as r:
+        epoch0 = [b.indices.tolist() for b in r]
+        r.set_epoch(1)
+        epoch1 = [b.indices.tolist() for b in r]
+    assert epoch0 != epoch1
+    with lmdbio.Reader(path, **kw) as r:
+        got = []
+        for i, b in enumerate(r):
+            got.append(b.indices.tolist())
+            if i == 3:
+                r.set_epoch(1)
+                r.read([0])
+        assert got == epoch0
+        assert [b.indices.tolist() for b in r] == epoch1
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_abandoned_epoch_frees_lanes(scattered_env, shuffle):
     path, _ = scattered_env

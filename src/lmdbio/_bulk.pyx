@@ -107,22 +107,26 @@ def aligned_bytes(size_t n, size_t phase=0):
 cdef class _Pipeline:
     """A running window pipeline (BulkFile.start_pipeline): next() hands
     out its windows in order, stop() ends it (also from another thread
-    while one waits in next())."""
+    while one waits in next(), or stops it too)."""
     cdef lio_pipeline *p
     cdef BulkFile file
     cdef object perm               # the order the lanes read from
     cdef size_t batch
     cdef bint keys
     cdef bint stopping             # stop() began: next() returns None
-    cdef bint stopped              # the lanes are joined: it may be freed
-    cdef int inside                # threads waiting in next()
+    cdef bint stopped              # the lanes are joined
+    cdef int busy                  # threads inside a C call on p (next,
+                                   # stop): p is freed when none is
+    cdef readonly uint64_t resume_at   # the position after the last
+                                       # window handed out
 
     def next(self):
         """The next window: (first position, records, batches, newest
         txnid), each batch (ordinals, kdata, koff, vdata, voff) views of
         the window's block (kdata, koff None without keys); batches is
         None when the window failed and must be read batch by batch.
-        None after the last window (or once stopped)."""
+        None when no window comes: after the last, or once stopped
+        (resume_at short of the end then: the rest was not handed out)."""
         cdef lio_window w
         cdef int rc
         cdef lio_pipeline *p = self.p
@@ -132,15 +136,14 @@ cdef class _Pipeline:
         cdef const int64_t *voff
         if p == NULL or self.stopping:
             return None
-        self.inside += 1
+        self.busy += 1
         with nogil:
             rc = lio_pipeline_next(p, &w)
-        self.inside -= 1
+        self.busy -= 1
         if self.stopping:
             if rc == 0:
                 lio_block_give(w.block, w.cap)
-            if self.stopped and self.inside == 0:
-                self._free()
+            self._free_if_idle()
             return None
         if rc == LIO_EINVAL:
             raise make_error(
@@ -149,6 +152,7 @@ cdef class _Pipeline:
                 '(iter(reader)) in this process' % self.file.path, 0)
         if rc:
             return None
+        self.resume_at = w.start + w.n
         if w.rc:
             return w.start, w.n, None, w.newest
         raw = np.frombuffer(_memory(w.block, w.cap), dtype=np.uint8)
@@ -179,13 +183,12 @@ cdef class _Pipeline:
         if self.p != NULL and not self.stopping:
             lio_pipeline_release(self.p)
 
-    cdef _free(self):
-        if self.p != NULL:
+    cdef _free_if_idle(self):
+        """Free p once stopped and no thread is inside a C call on it."""
+        if self.stopped and self.busy == 0 and self.p != NULL:
             lio_pipeline_free(self.p)
             self.p = NULL
-        if self.file is not None and self.file.pipe is self:
-            self.file.pipe = None
-        self.file = None
+            self.file = None
 
     def stats(self):
         """(windows read whole, largest window's bytes, most batches in a
@@ -198,18 +201,21 @@ cdef class _Pipeline:
 
     def stop(self):
         """Stop the lanes (each finishes its window) and free the pipeline
-        (here, or in next() when a thread is waiting there)."""
+        (here, or in next() when a thread is waiting there).  Every caller
+        returns once the lanes are joined, a second one too: its file may
+        then close the readers they used."""
         cdef lio_pipeline *p = self.p
-        if p == NULL or self.stopping:
+        if p == NULL:
             return
         self.stopping = True
+        self.busy += 1
         with nogil:
             lio_pipeline_stop(p)
+        self.busy -= 1
         self.stopped = True
         if self.file is not None and self.file.pipe is self:
             self.file.pipe = None
-        if self.inside == 0:
-            self._free()
+        self._free_if_idle()
 
     def __dealloc__(self):
         if self.p != NULL:
@@ -541,6 +547,7 @@ cdef class BulkFile:
         cdef uint64_t *m
         if self.idx == NULL:
             raise RuntimeError('no record index')
+        self._stop_pipeline()
         m = <uint64_t *>malloc((nm if nm else 1) * sizeof(uint64_t))
         if m == NULL:
             raise MemoryError()
@@ -607,6 +614,7 @@ cdef class BulkFile:
         if (self.idx.recmap != NULL or self.idx.nleaves == 0 or
                 self.idx.nleaves > max_bytes // lio_env_psize(self.env)):
             return False
+        self._stop_pipeline()
         with nogil:
             rc = lio_index_load_leaves(self.idx, self.env, &self.db,
                                        &self.posix_ex)
@@ -635,10 +643,16 @@ cdef class BulkFile:
         readers[3] = self.bulk_pipe[0] if idle else NULL
         readers[4] = self.bulk_pipe[1] if idle else NULL
 
-    cdef _drop_index(self):
-        cdef int i
+    cdef _stop_pipeline(self):
+        """Stop the running pipeline, if any, before the index changes
+        under its lanes (its consumer starts another from where it
+        stopped)."""
         if self.pipe is not None:
             self.pipe.stop()
+
+    cdef _drop_index(self):
+        cdef int i
+        self._stop_pipeline()
         for i in range(2):
             if self.bulk_pipe[i] != NULL:
                 lio_bulk_close(self.bulk_pipe[i])
@@ -934,6 +948,7 @@ cdef class BulkFile:
         pipe.file = self
         pipe.batch = batch
         pipe.keys = keys
+        pipe.resume_at = start
         self.pipe = pipe
         return pipe
 

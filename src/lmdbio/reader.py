@@ -575,6 +575,8 @@ class Reader:
                  prefetch_bytes=64 << 20, direct=False, lock=False,
                  index_cache=True, keys=True, threads=16, cache="keep",
                  storage="local"):
+        # close() from two threads at once: the second waits for the first
+        self._closing = threading.RLock()
         self._args = dict(
             db=db, subdir=subdir, batch_size=batch_size, rank=rank,
             world_size=world_size, shuffle=shuffle, seed=seed,
@@ -999,20 +1001,28 @@ class Reader:
         per = -(-n // p)
         return r * per, per
 
-    def _window_ordinals(self, start, stop, rank=None):
+    def _window_ordinals(self, start, stop, rank=None, order=None):
         """Ordinals at positions [start, stop) of this rank's (or `rank`'s)
-        share in the current epoch (the permutation is drawn once per
-        epoch)."""
+        share in the current epoch, or in the permutation `order` an epoch
+        began with (_epoch_order)."""
         first, _ = self._span(rank)
         pos = np.arange(first + start, first + stop, dtype=np.int64)
         if not self.drop_last and first + stop > self.total_records:
             pos %= self.total_records  # the last ranks wrap to pad
         if not self.shuffle:
             return pos
+        return (self._epoch_order() if order is None else order)[pos]
+
+    def _epoch_order(self):
+        """The current epoch's permutation of the records (drawn once per
+        epoch), or None in key order.  An epoch keeps the one it began
+        with, though set_epoch() be called meanwhile."""
+        if not self.shuffle:
+            return None
         if self._perm is None or self._perm[0] != self.epoch:
             self._perm = (self.epoch, np.random.default_rng(
                 [self.seed, self.epoch]).permutation(self.total_records))
-        return self._perm[1][pos]
+        return self._perm[1]
 
     @property
     def num_records(self):
@@ -1305,7 +1315,7 @@ class Reader:
         batch before the damaged one is delivered."""
         bs = self.batch_size
         budget = max(1, self.prefetch_bytes // 2)
-        self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
+        self._epoch_order()   # drawn once, before the windows
         pos, nbatch = 0, 1
         while pos < total:
             stop = min(total, pos + nbatch * bs)
@@ -1442,7 +1452,7 @@ class Reader:
         bs = self.batch_size
         lanes = len(self._lane_locks)
         budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes)
-        self._window_ordinals(0, 0)  # the epoch's permutation, drawn once
+        order = self._epoch_order()
         self._new_pass()
         cond = threading.Condition(threading.RLock())
         stop = threading.Event()
@@ -1510,9 +1520,11 @@ class Reader:
                     try:
                         # Read-ahead: the storage fetches the next windows'
                         # regions while this one is read.
-                        advice = self._window_ordinals(adv_lo, adv_hi) \
+                        advice = self._window_ordinals(
+                            adv_lo, adv_hi, order=order) \
                             if adv_hi > adv_lo else None
-                        ordinals = self._window_ordinals(start, start + nrec)
+                        ordinals = self._window_ordinals(start, start + nrec,
+                                                         order=order)
                         batches, leaf_bytes = self._window_batches(
                             ordinals, lane, advice)
                         if batches is None:  # damaged: batch by batch
@@ -1536,7 +1548,7 @@ class Reader:
         counting = self._parts is None and self._live_file().index_pending
         seq, start, nrec, _, _ = claim(advising=False)   # (the lanes do)
         first, leaf_bytes = self._window_batches(
-            self._window_ordinals(start, start + nrec))
+            self._window_ordinals(start, start + nrec, order=order))
         if counting:   # what the pipeline's windows 0 and 1 expect to count
             f = self._live_file()
             basis = ((0, 0), (f.num_leaves, f.index_range[1]))
@@ -1553,18 +1565,13 @@ class Reader:
             # The lanes are C threads that never take the GIL, counting a
             # begun index in order as they read; this thread only wraps
             # their windows.
-            pipe = self._live_file().start_pipeline(
-                self._perm[1] if self.shuffle else None, self.total_records,
-                self._span()[0], st['pos'], total, bs, budget,
-                self.prefetch_bytes, st['nbatch'], st['ahead'],
-                self.keys_wanted, self._env is None, st['advised'],
-                basis if counting else None)
+            pipe = self._start_pipeline(order, st['pos'], total, budget,
+                                        st['nbatch'], st['ahead'],
+                                        st['advised'],
+                                        basis if counting else None)
             if pipe is not None:
-                try:
-                    yield from self._iter_pipeline(pipe)
-                finally:
-                    if self.cache == 'drop' and self._file is not None:
-                        self._new_pass()  # drops what the last windows read
+                yield from self._iter_pipelines(pipe, order, total, budget,
+                                                st['nbatch'], st['ahead'])
                 return
         threads = []
         for lane in range(lanes):
@@ -1604,9 +1611,51 @@ class Reader:
             if self.cache == 'drop' and self._file is not None:
                 self._new_pass()  # drops what the last windows read
 
-    def _iter_pipeline(self, pipe):
-        """The batches of the windows a running pipeline reads, in order.
-        A window that failed is read again batch by batch here, so that
+    def _start_pipeline(self, order, start, total, budget, nbatch, ahead,
+                        advised, basis):
+        """A window pipeline reading positions [start, total) of this
+        rank's share in `order`, or None where one cannot run
+        (BulkFile.start_pipeline).  Under the lane locks: an index being
+        replaced (read() past a partial one) is replaced first."""
+        with self._lane_locks[0], self._lane_locks[1]:
+            return self._live_file().start_pipeline(
+                order, self.total_records, self._span()[0], start, total,
+                self.batch_size, budget, self.prefetch_bytes, nbatch, ahead,
+                self.keys_wanted, self._env is None, advised, basis)
+
+    def _iter_pipelines(self, pipe, order, total, budget, nbatch, ahead):
+        """The batches of positions from where `pipe` starts to `total`.
+        A pipeline stopped short (the index changed under it: read() past
+        a partial index, a record map or leaves loaded) is followed by
+        another from where it stopped, or by batches read one at a time
+        where none can start; closing the Reader ends the epoch with
+        lmdbio.Error.  An epoch never ends short without an error."""
+        bs = self.batch_size
+        try:
+            while True:
+                pos = yield from self._iter_pipeline(pipe, order)
+                if pos >= total:
+                    return
+                f = self._live_file()   # (closed: Error)
+                basis = None
+                if f.index_pending:   # counted so far, by windows before
+                    basis = ((f.num_leaves, f.index_range[1]),) * 2
+                pipe = self._start_pipeline(order, pos, total, budget, nbatch,
+                                            ahead, pos, basis)
+                if pipe is None:
+                    for s in range(pos, total, bs):
+                        self._received += 1
+                        yield self._read(self._window_ordinals(
+                            s, min(s + bs, total), order=order))
+                    return
+        finally:
+            if self.cache == 'drop' and self._file is not None:
+                self._new_pass()  # drops what the last windows read
+
+    def _iter_pipeline(self, pipe, order):
+        """The batches of the windows a running pipeline reads, in order;
+        returns the position after the last window it handed out.  A
+        window that failed is read again batch by batch here, so that
         every batch before a damaged one is delivered and the damage is
         raised at the batch that needs it."""
         bs = self.batch_size
@@ -1631,11 +1680,12 @@ class Reader:
                 if self._file is None:
                     raise Error('%s: the Reader was closed' % self.path)
                 if got is None:
-                    return   # every window delivered
+                    return pipe.resume_at   # the end, or stopped there
                 start, n, batches, newest = got
                 got = None
                 if batches is None:
-                    ordinals = self._window_ordinals(start, start + n)
+                    ordinals = self._window_ordinals(start, start + n,
+                                                     order=order)
                     for s in range(0, n, bs):
                         b = self._read(ordinals[s:s + bs])
                         self._received += 1
@@ -1677,6 +1727,13 @@ class Reader:
     def close(self):
         """Stop the prefetch thread and free the buffers.  Under MPI this is
         collective (it frees lmdbio's communicators and the MPI file)."""
+        closing = self.__dict__.get('_closing')
+        if closing is None:
+            return   # (__init__ failed before it opened anything)
+        with closing:
+            self._close()
+
+    def _close(self):
         for worker in list(self._workers):
             _stop_worker(worker)
         self._workers = []
