@@ -415,6 +415,24 @@ def test_close_mid_window_stops_threads(scattered_env):
         next(it)
 
 
+def consumer(batches, out):
+    """A thread's target: iterate `batches`, noting each batch's length in
+    `out`, then "done" or the lmdbio.Error that ended the iteration."""
+    def consume():
+        try:
+            for b in batches:
+                out.append(len(b))
+            out.append("done")
+        except lmdbio.Error as e:
+            out.append(e)
+    return consume
+
+
+def assert_ended_well(out):
+    assert out and (out[-1] == "done" or
+                    isinstance(out[-1], lmdbio.Error)), out[-3:]
+
+
 def test_close_from_another_thread_while_waiting_for_a_window(
         scattered_env):
     """close() from another thread while the consumer may be waiting for
@@ -427,23 +445,13 @@ def test_close_from_another_thread_while_waiting_for_a_window(
         r = lmdbio.Reader(path, batch_size=8, shuffle=True,
                           index_cache=False, prefetch_bytes=64 << 10)
         out = []
-
-        def consume():
-            try:
-                for b in r:
-                    out.append(len(b))
-                out.append("done")
-            except lmdbio.Error as e:
-                out.append(e)
-
-        t = threading.Thread(target=consume)
+        t = threading.Thread(target=consumer(r, out))
         t.start()
         time.sleep(delay)
         r.close()
         t.join(30)
         assert not t.is_alive()
-        assert out and (out[-1] == "done" or
-                        isinstance(out[-1], lmdbio.Error)), out[-3:]
+        assert_ended_well(out)
         assert not prefetch_threads()
 
 
@@ -456,8 +464,8 @@ def wide_env(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("consumer", [False, True])
-def test_close_from_two_threads_at_once(wide_env, consumer):
+@pytest.mark.parametrize("consumer_thread", [False, True])
+def test_close_from_two_threads_at_once(wide_env, consumer_thread):
     """Two threads close the Reader mid-epoch (while a third iterates, or
     nobody does): each close returns once the lanes are joined (the second
     does not free the readers they still use), a consumer gets
@@ -471,14 +479,6 @@ def test_close_from_two_threads_at_once(wide_env, consumer):
                 next(it)
             out, failed = [], []
 
-            def consume():
-                try:
-                    for b in it:
-                        out.append(len(b))
-                    out.append("done")
-                except lmdbio.Error as e:
-                    out.append(e)
-
             def close():
                 try:
                     r.close()
@@ -486,8 +486,8 @@ def test_close_from_two_threads_at_once(wide_env, consumer):
                     failed.append(e)
 
             threads = [threading.Thread(target=close) for _ in range(2)]
-            if consumer:
-                threads.insert(0, threading.Thread(target=consume))
+            if consumer_thread:
+                threads.insert(0, threading.Thread(target=consumer(it, out)))
             threads[0].start()
             time.sleep(delay)
             for t in threads[1:]:
@@ -496,9 +496,8 @@ def test_close_from_two_threads_at_once(wide_env, consumer):
                 t.join(30)
                 assert not t.is_alive()
             assert not failed
-            if consumer:
-                assert out and (out[-1] == "done" or
-                                isinstance(out[-1], lmdbio.Error)), out[-3:]
+            if consumer_thread:
+                assert_ended_well(out)
             assert not prefetch_threads()
 
 
