@@ -711,6 +711,22 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
 
 static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
 
+/* A forked child's first extension of an index: the thread that may have
+ * held its lock at the fork (a read() of the parent's, say) is not in the
+ * child, so the lock is made anew, once, whichever thread comes first.
+ * (regrow itself is held only for that, in a child.) */
+static pthread_mutex_t regrow = PTHREAD_MUTEX_INITIALIZER;
+
+static void regrow_lock(lio_index *idx)
+{
+    pthread_mutex_lock(&regrow);
+    if (__atomic_load_n(&idx->grow_pid, __ATOMIC_RELAXED) != getpid()) {
+        pthread_mutex_init(&idx->grow, NULL);
+        __atomic_store_n(&idx->grow_pid, getpid(), __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&regrow);
+}
+
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
 {
     int rc;
@@ -723,13 +739,8 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                                     "index"));
     if (!lio_index_pending(idx) || lio_index_holds(idx, need))
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
-    if (idx->grow_pid != getpid()) {
-        /* A forked child's first extension: the thread that may have held
-         * the lock at the fork is not here.  (The child reaches this before
-         * it starts threads of its own: its lanes start after a window.) */
-        pthread_mutex_init(&idx->grow, NULL);
-        idx->grow_pid = getpid();
-    }
+    if (__atomic_load_n(&idx->grow_pid, __ATOMIC_ACQUIRE) != getpid())
+        regrow_lock(idx);
     pthread_mutex_lock(&idx->grow);
     rc = extend(b, idx, need, keep);
     pthread_mutex_unlock(&idx->grow);

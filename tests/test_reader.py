@@ -820,7 +820,10 @@ for trial in range(trials):
             except lmdbio.Error as e:
                 if "forked" not in str(e):
                     raise
-            n = sum(len(x) for x in r)     # a new epoch works here
+            before = r.window_stats["pipeline_windows"]
+            n = sum(len(x) for x in r)     # a new epoch works here,
+            if r.window_stats["pipeline_windows"] == before:
+                os._exit(6)                # with C lanes of its own
             os._exit(0 if n == 3000 else 3)
         except BaseException as e:
             sys.stderr.write("child: %r" % (e,))
@@ -839,9 +842,9 @@ def test_forked_child_mid_epoch_is_told_and_can_start_anew(tmp_path, shuffle):
     """A process forks while a Reader's epoch is read ahead by C lanes:
     the child continuing that epoch gets a clear error (the lanes stayed
     in the parent) instead of waiting forever, a new epoch works there,
-    and the parent's epoch is whole.  In key order the lanes count the
-    index as they read (a lane may hold its lock at the fork): forks at
-    several points of the epoch."""
+    and the parent's epoch is whole (its lanes are stopped before the fork
+    and started again after).  In key order the lanes count the index as
+    they read: forks at several points of the epoch."""
     write_items(tmp_path, [(b"k%05d" % i, b"v" * 300) for i in range(3000)])
     trials = 1 if shuffle else 12
     proc = run_py(FORK_MID_EPOCH_SCRIPT, tmp_path, int(shuffle), trials,

@@ -428,9 +428,13 @@ def consumer(batches, out):
     return consume
 
 
-def assert_ended_well(out):
+def assert_ended_well(out, rest=None):
+    """The consumer ended with lmdbio.Error, or with the whole rest of the
+    epoch (`rest` records, when given): never short without an error."""
     assert out and (out[-1] == "done" or
                     isinstance(out[-1], lmdbio.Error)), out[-3:]
+    if out[-1] == "done" and rest is not None:
+        assert sum(out[:-1]) == rest
 
 
 def test_close_from_another_thread_while_waiting_for_a_window(
@@ -451,7 +455,7 @@ def test_close_from_another_thread_while_waiting_for_a_window(
         r.close()
         t.join(30)
         assert not t.is_alive()
-        assert_ended_well(out)
+        assert_ended_well(out, len(items))
         assert not prefetch_threads()
 
 
@@ -465,17 +469,21 @@ def wide_env(tmp_path_factory):
 
 
 @pytest.mark.parametrize("consumer_thread", [False, True])
-def test_close_from_two_threads_at_once(wide_env, consumer_thread):
+@pytest.mark.parametrize("several", [False, True])
+def test_close_from_two_threads_at_once(scattered_env, wide_env,
+                                        consumer_thread, several):
     """Two threads close the Reader mid-epoch (while a third iterates, or
     nobody does): each close returns once the lanes are joined (the second
     does not free the readers they still use), a consumer gets
-    lmdbio.Error or finishes, nothing crashes, no lane is left."""
+    lmdbio.Error or the whole epoch, nothing crashes, no lane is left.
+    One environment (C lanes) or several (Python lanes)."""
     import threading
+    path = [wide_env, scattered_env[0]] if several else wide_env
     for delay in (0.0, 0.001, 0.005):
         for _ in range(5):
-            r = lmdbio.Reader(wide_env, batch_size=64, index_cache=False)
+            r = lmdbio.Reader(path, batch_size=64, index_cache=False)
             it = iter(r)
-            for _ in range(20):   # the pipeline runs, its windows grown
+            for _ in range(20):   # the lanes run, their windows grown
                 next(it)
             out, failed = [], []
 
@@ -497,7 +505,7 @@ def test_close_from_two_threads_at_once(wide_env, consumer_thread):
                 assert not t.is_alive()
             assert not failed
             if consumer_thread:
-                assert_ended_well(out)
+                assert_ended_well(out, r.num_records - 20 * 64)
             assert not prefetch_threads()
 
 
@@ -551,6 +559,93 @@ def test_set_epoch_mid_epoch_keeps_the_order_it_began_with(
                 r.set_epoch(1)
                 r.read([0])
         assert got == epoch0
+        assert [b.indices.tolist() for b in r] == epoch1
+
+
+def test_read_from_another_thread_during_an_epoch_of_several_files(
+        scattered_env, wide_env):
+    """read() from a second thread while an epoch over two environments
+    runs (a first start: each part counts its index as it reads, and
+    read() finishes the count and loads the record map under the lanes):
+    every epoch whole and exact, every read() exact, nothing raised."""
+    import threading
+    items = scattered_env[1] + [(b"w%06d" % i, value_of(i, 3000))
+                                for i in range(6000)]
+    path = [scattered_env[0], wide_env]
+    rng = np.random.default_rng(1)
+    for trial in range(6):
+        with lmdbio.Reader(path, batch_size=32, index_cache=False,
+                           prefetch_bytes=256 << 10) as r:
+            errors, started = [], threading.Event()
+
+            def reads():
+                try:
+                    started.wait()
+                    for _ in range(5):
+                        want = rng.integers(0, len(items), 30)
+                        got = r.read(want).values.tolist()
+                        assert got == [items[i][1] for i in want]
+                except BaseException as e:   # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=reads)
+            t.start()
+            seen = []
+            for i, b in enumerate(r):
+                if i == trial:
+                    started.set()
+                seen += b.indices.tolist()
+                assert b.values.tolist() == [items[j][1] for j in b.indices]
+            started.set()
+            t.join(60)
+            assert not errors, errors[0]
+            assert seen == list(range(len(items)))
+
+
+def test_read_racing_close_is_an_lmdbio_error(wide_env):
+    """read() in one thread while another closes the Reader: each read()
+    returns its records or raises lmdbio.Error, nothing else."""
+    import threading
+    for delay in (0.0, 0.0005, 0.002):
+        r = lmdbio.Reader(wide_env, batch_size=16, rank=3, world_size=4,
+                          index_cache=False)   # a partial index: read()
+        errors = []                             # past it rebuilds it
+
+        def reads():
+            try:
+                for k in range(200):
+                    r.read([k, 5999 - k])
+            except lmdbio.Error:
+                pass
+            except BaseException as e:   # reported below
+                errors.append(e)
+
+        t = threading.Thread(target=reads)
+        t.start()
+        time.sleep(delay)
+        r.close()
+        t.join(30)
+        assert not errors, errors[0]
+
+
+def test_state_after_set_epoch_mid_epoch_is_the_next_epochs_start(
+        scattered_env):
+    """set_epoch() mid-epoch: the epoch running on does not count as the
+    next one's batches; state_dict() then says the next epoch from its
+    first batch, and resuming there yields all of it."""
+    path = scattered_env[0]
+    kw = dict(batch_size=16, shuffle=True, index_cache=False)
+    with lmdbio.Reader(path, **kw) as r:
+        r.set_epoch(1)
+        epoch1 = [b.indices.tolist() for b in r]
+    with lmdbio.Reader(path, **kw) as r:
+        for i, b in enumerate(r):
+            if i == 3:
+                r.set_epoch(1)
+        state = r.state_dict()
+        assert (state["epoch"], state["batches"]) == (1, 0)
+    with lmdbio.Reader(path, **kw) as r:
+        r.load_state_dict(state)
         assert [b.indices.tolist() for b in r] == epoch1
 
 

@@ -9,6 +9,10 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from cpython.buffer cimport PyBUF_WRITABLE
+from posix.unistd cimport getpid
+
+import os
+import weakref
 
 import numpy as np
 
@@ -104,12 +108,32 @@ def aligned_bytes(size_t n, size_t phase=0):
                          count=n, offset=phase)
 
 
+# Pipelines whose lanes may be running.  Each is stopped before the
+# process forks: no lane is then inside the C core (holding a lock, or
+# between a realloc and the store of its result) when the child's copy is
+# made.  The parent's consumer starts its epoch's pipeline again from
+# where it stopped; the child's is told it was forked (next()).
+_running = weakref.WeakSet()
+
+
+def _stop_before_fork():
+    for pipe in list(_running):
+        pipe.stop()
+
+
+os.register_at_fork(before=_stop_before_fork)
+
+
 cdef class _Pipeline:
     """A running window pipeline (BulkFile.start_pipeline): next() hands
     out its windows in order, stop() ends it (also from another thread
     while one waits in next(), or stops it too)."""
+    cdef object __weakref__
     cdef lio_pipeline *p
     cdef BulkFile file
+    cdef str path
+    cdef long pid                  # the process whose lanes these are
+    cdef uint64_t end              # the position after the last window
     cdef object perm               # the order the lanes read from
     cdef size_t batch
     cdef bint keys
@@ -134,6 +158,13 @@ cdef class _Pipeline:
         cdef const int64_t *vst
         cdef const int64_t *kst
         cdef const int64_t *voff
+        if self.pid != getpid():
+            if self.resume_at < self.end:
+                raise make_error(
+                    '%s: this epoch was begun before the process forked and '
+                    'its prefetch threads stayed in the parent; begin a new '
+                    'epoch (iter(reader)) in this process' % self.path, 0)
+            return None
         if p == NULL or self.stopping:
             return None
         self.busy += 1
@@ -145,11 +176,6 @@ cdef class _Pipeline:
                 lio_block_give(w.block, w.cap)
             self._free_if_idle()
             return None
-        if rc == LIO_EINVAL:
-            raise make_error(
-                '%s: this epoch was begun before the process forked and its '
-                'prefetch threads stayed in the parent; begin a new epoch '
-                '(iter(reader)) in this process' % self.file.path, 0)
         if rc:
             return None
         self.resume_at = w.start + w.n
@@ -899,6 +925,12 @@ cdef class BulkFile:
         cdef lio_pipeline *p = NULL
         cdef int64_t[::1] pv
         cdef int rc, i
+        if self.pipe is not None and self.pipe.pid != getpid():
+            # forked by a path that ran no at-fork hook: the parent's
+            # pipeline, and its lanes' readers, left as they are (their
+            # memory may have been mid-change)
+            self.pipe = None
+            self.bulk_pipe[0] = self.bulk_pipe[1] = NULL
         if (self.idx == NULL or self.executor is not None or
                 self.pipe is not None or
                 (lio_index_pending(self.idx) and basis is None)):
@@ -946,10 +978,14 @@ cdef class BulkFile:
             raise _error(self.path, &err)
         pipe.p = p
         pipe.file = self
+        pipe.path = self.path
+        pipe.pid = getpid()
+        pipe.end = stop
         pipe.batch = batch
         pipe.keys = keys
         pipe.resume_at = start
         self.pipe = pipe
+        _running.add(pipe)
         return pipe
 
     def newest_txnid(self):

@@ -790,10 +790,12 @@ class DatumReader:
 
     def __iter__(self):
         self._received = self.reader._start
+        epoch = self.reader._epoch_count   # (see Reader.__iter__)
         if self.prefetch <= 0:
             for batch in self.reader:
                 data = self._convert(batch)
-                self._received += 1
+                if self.reader._epoch_count == epoch:
+                    self._received += 1
                 yield data
             return
         def batches():
@@ -806,7 +808,8 @@ class DatumReader:
 
         for item in prefetched(batches, self.prefetch, 'lmdbio-datum',
                                self._threads):
-            self._received += 1
+            if self.reader._epoch_count == epoch:
+                self._received += 1
             yield item
 
     # -- lifetime ---------------------------------------------------------

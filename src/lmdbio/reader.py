@@ -667,6 +667,9 @@ class Reader:
         self.epoch = 0
         self._start = 0  # the batch the next iteration starts at
         self._received = 0  # batches the caller received this epoch
+        # epochs selected so far (set_epoch, load_state_dict): a running
+        # epoch stops counting _received once the next one is selected
+        self._epoch_count = 0
         if isinstance(db, str):
             db = db.encode()
         self.db = db
@@ -910,6 +913,7 @@ class Reader:
         if f is None or not f.index_pending:
             return
         with self._lane_locks[0], self._lane_locks[1]:
+            f = self._live_file()
             f.finish_index()
             recmap = f.index_recmap()
             if recmap is not None:
@@ -946,8 +950,11 @@ class Reader:
         collective, window by window), nor for a partial index.  Several
         environments: each part's own."""
         if self._parts is not None:
-            for r in self._parts:
-                r._random_access()
+            # (the outer Reader's lanes read the parts' files under its
+            # locks, not theirs: their indexes change under these)
+            with self._lane_locks[0], self._lane_locks[1]:
+                for r in self._parts:
+                    r._random_access()
             return
         if self._coll is None:
             self._finish_index()
@@ -955,29 +962,37 @@ class Reader:
         if self._leaves_tried or self._file is None or self._coll is not None:
             return
         self._leaves_tried = True
-        f = self._file
-        if f.index_range != (0, self.total_records):
-            return   # a shard's partial index: its in-order epoch
         with self._lane_locks[0], self._lane_locks[1]:
+            f = self._live_file()
+            if f.index_range != (0, self.total_records):
+                return   # a shard's partial index: its in-order epoch
             self.window_stats['leaves_held'] = f.keep_leaves(
                 min((f.last_pg + 1) * f.psize // 4, _LEAVES_HELD))
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
         read() asks for ordinals least..most past it."""
-        if self._file.index_pending:
+        f = self._live_file()
+        if f.index_pending:
             self._finish_index()
             return
-        lo, end = self._file.index_range
-        if least < lo or most >= end:
-            with self._lane_locks[0], self._lane_locks[1]:
-                self._file.build_index()
+        try:
+            lo, end = f.index_range
+            if lo <= least and most < end:
+                return
+        except RuntimeError:   # (another thread replaces it, or closed)
+            pass
+        with self._lane_locks[0], self._lane_locks[1]:
+            f = self._live_file()
+            lo, end = f.index_range
+            if lo <= least and most < end:
+                return
+            f.build_index()
             self._leaves_tried = False   # (a new index holds none)
-            index_cache, data = self._index_cache
-            if index_cache is not False and index_cache is not None:
-                _save_index(*self._cache_file(index_cache, data),
-                            *self._file.index_arrays(),
-                            self._file.index_recmap())
+            index = f.index_arrays() + (f.index_recmap(),)
+        index_cache, data = self._index_cache
+        if index_cache is not False and index_cache is not None:
+            _save_index(*self._cache_file(index_cache, data), *index)
 
     # -- sizes ----------------------------------------------------------
     def _ordinals(self):
@@ -1038,6 +1053,7 @@ class Reader:
         epoch = int(epoch)
         if epoch != self.epoch:
             self._start = self._received = 0
+            self._epoch_count += 1
         self.epoch = epoch
 
     # -- resuming and pickling ------------------------------------------
@@ -1075,6 +1091,7 @@ class Reader:
                              '%d batches per epoch' % (batches, len(self)))
         self.epoch = epoch
         self._start = self._received = batches
+        self._epoch_count += 1
 
     def __reduce__(self):
         # The path(s), the arguments and the position travel; open files,
@@ -1206,7 +1223,7 @@ class Reader:
         density = self._coll.reduce(int(density * 1e6), 'MIN') / 1e6
         return density >= 0.5, density
 
-    def _collective_step(self, start, stop):
+    def _collective_step(self, start, stop, order):
         """The batches at positions [start, stop) of every rank's share, as
         one collective window: the ranks agree how to read it, read it (one
         collective read per phase, or independent reads), agree on the
@@ -1216,7 +1233,7 @@ class Reader:
         batch)."""
         bs = self.batch_size
         share = self._share
-        mine = self._window_ordinals(start, stop)
+        mine = self._window_ordinals(start, stop, order=order)
         nrec = stop - start
         if share is None:
             ordinals = mine
@@ -1225,7 +1242,7 @@ class Reader:
         elif share.is_leader:
             # the node's window: each local rank's records, one part each
             parts = [mine if g == self.rank else
-                     self._window_ordinals(start, stop, g)
+                     self._window_ordinals(start, stop, g, order)
                      for g in share.members]
             ordinals = np.concatenate(parts)
             ends = np.cumsum([len(p) for p in parts]).astype(np.intp)
@@ -1315,17 +1332,18 @@ class Reader:
         batch before the damaged one is delivered."""
         bs = self.batch_size
         budget = max(1, self.prefetch_bytes // 2)
-        self._epoch_order()   # drawn once, before the windows
+        order = self._epoch_order()
         pos, nbatch = 0, 1
         while pos < total:
             stop = min(total, pos + nbatch * bs)
             try:
-                batches, per_batch = self._collective_step(pos, stop)
+                batches, per_batch = self._collective_step(pos, stop, order)
             except Error:
                 if stop - pos <= bs:
                     raise
                 for s in range(pos, stop, bs):  # every rank does the same
-                    yield from self._collective_step(s, min(stop, s + bs))[0]
+                    yield from self._collective_step(
+                        s, min(stop, s + bs), order)[0]
                 pos = stop
                 continue
             per_batch = max(1, self._coll.reduce(int(per_batch), 'MAX'))
@@ -1373,7 +1391,15 @@ class Reader:
             return
         if self.shuffle:
             self._random_access()
-        yield from self._iter_windows(total, start * self.batch_size)
+        epoch = self._epoch_count
+        batches = self._iter_windows(total, start * self.batch_size)
+        try:
+            for b in batches:
+                if self._epoch_count == epoch:   # (else set_epoch() came:
+                    self._received += 1          # the next epoch's count)
+                yield b
+        finally:
+            batches.close()
         self._save_if_whole()
 
     def _window_batches(self, ordinals, lane=0, advise=None):
@@ -1557,7 +1583,6 @@ class Reader:
         for b in first:
             if self._file is None:  # closed while iterating
                 raise Error('%s: the Reader was closed' % self.path)
-            self._received += 1
             yield b
         if st['pos'] >= total:
             return
@@ -1591,6 +1616,9 @@ class Reader:
                             raise Error('%s: the Reader was closed'
                                         % self.path)
                         if st['running'] == 0 and seq not in st['done']:
+                            if stop.is_set():   # close() stopped them
+                                raise Error('%s: the Reader was closed'
+                                            % self.path)
                             return  # every window delivered
                         cond.wait(0.1)
                     batches, exc = st['done'].pop(seq)
@@ -1599,7 +1627,6 @@ class Reader:
                 for b in batches:
                     if self._file is None:  # closed while iterating
                         raise Error('%s: the Reader was closed' % self.path)
-                    self._received += 1
                     yield b
                 if exc is not None:
                     raise exc
@@ -1644,7 +1671,6 @@ class Reader:
                                             ahead, pos, basis)
                 if pipe is None:
                     for s in range(pos, total, bs):
-                        self._received += 1
                         yield self._read(self._window_ordinals(
                             s, min(s + bs, total), order=order))
                     return
@@ -1687,9 +1713,7 @@ class Reader:
                     ordinals = self._window_ordinals(start, start + n,
                                                      order=order)
                     for s in range(0, n, bs):
-                        b = self._read(ordinals[s:s + bs])
-                        self._received += 1
-                        yield b
+                        yield self._read(ordinals[s:s + bs])
                         if not s:
                             pipe.release()
                     continue
@@ -1702,7 +1726,6 @@ class Reader:
                 for j, (ords, kdata, koff, vdata, voff) in enumerate(batches):
                     if self._file is None:  # closed while iterating
                         raise Error('%s: the Reader was closed' % self.path)
-                    self._received += 1
                     yield Batch(ords, Ragged(kdata, koff)
                                 if kdata is not None else None,
                                 Ragged(vdata, voff))
