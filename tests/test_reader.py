@@ -860,6 +860,117 @@ def test_forked_child_mid_epoch_is_told_and_can_start_anew(tmp_path, shuffle):
         assert os.WEXITSTATUS(status) == 0, proc.stderr
 
 
+FORK_LANES_SCRIPT = r"""
+import os, signal, sys, threading, time
+import lmdbio
+from lmdbio.datum import prefetched
+paths, totals = sys.argv[1:4], [int(x) for x in sys.argv[4:7]]
+
+
+def child(fn):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)
+        try:
+            code = fn()
+        except BaseException as e:
+            sys.stderr.write("child: %r\n" % (e,))
+            code = 4
+        os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
+def forked(e):
+    if "forked" not in str(e):
+        raise e
+
+
+# several environments (Python lanes): the child going on with the epoch
+# it inherited is told so, and a new epoch works there
+r = lmdbio.Reader(paths, batch_size=64, shuffle=True, index_cache=False,
+                  prefetch_bytes=1 << 20)
+it = iter(r)
+seen = [len(next(it)) for _ in range(5)]
+
+
+def go_on():
+    try:
+        sum(len(b) for b in it)
+        return 5
+    except lmdbio.Error as e:
+        forked(e)
+    r.set_epoch(7)
+    return 0 if sum(len(b) for b in r) == sum(totals) else 3
+
+
+print("several", child(go_on), sum(seen) + sum(len(b) for b in it))
+
+# a decoding thread (prefetched) left in the parent
+items = prefetched(lambda: (time.sleep(0.02) or i for i in range(200)), 2,
+                   "lmdbio-test")
+got = [next(items) for _ in range(3)]
+
+
+def go_on_decoding():
+    try:
+        next(items)
+        return 5
+    except lmdbio.Error as e:
+        forked(e)
+    return 0
+
+
+print("prefetched", child(go_on_decoding), len(got) + sum(1 for _ in items))
+
+# forks from another thread while this one reads epoch after epoch: each
+# child's own epoch is whole
+r2 = lmdbio.Reader(paths[0], batch_size=16, index_cache=False,
+                   prefetch_bytes=64 << 10)
+statuses = []
+
+
+def forker():
+    for _ in range(10):
+        time.sleep(0.01)
+        statuses.append(child(
+            lambda: 0 if sum(len(b) for b in r2) == totals[0] else 3))
+
+
+t = threading.Thread(target=forker)
+t.start()
+epochs = 0
+while t.is_alive() or not epochs:
+    assert sum(len(b) for b in r2) == totals[0]
+    epochs += 1
+t.join()
+print("thread", max(statuses), epochs)
+"""
+
+
+def test_forked_child_never_waits_for_threads_left_in_the_parent(tmp_path):
+    """A fork while prefetch threads run: over several environments (Python
+    lanes) the child going on with the inherited epoch gets lmdbio.Error
+    (it waited forever), a new epoch works there (the lanes' locks could be
+    copied held); a DatumReader's decoding thread likewise; forks from a
+    second thread while the first reads (a held lane lock hung 1 child in
+    60) give children whose own epochs are whole.  The parent's epochs
+    stay whole throughout."""
+    paths, totals = [], []
+    for i, n in enumerate((3000, 1200, 800)):
+        path = tmp_path / ("p%d" % i)
+        write_items(path, [(b"k%05d" % j, b"v" * (200 + 100 * i))
+                           for j in range(n)])
+        paths.append(path)
+        totals.append(n)
+    proc = run_py(FORK_LANES_SCRIPT, *paths, *totals, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    out = {line.split()[0]: list(map(int, line.split()[1:]))
+           for line in proc.stdout.splitlines()}
+    assert out["several"] == [0, sum(totals)], proc.stderr
+    assert out["prefetched"] == [0, 200], proc.stderr
+    assert out["thread"][0] == 0 and out["thread"][1] >= 1, proc.stderr
+
+
 def test_len_num_records_total_records(shard_envs):
     with lmdbio.Reader(shard_envs[37], batch_size=5, rank=2, world_size=4) as r:
         assert r.total_records == 37

@@ -112,10 +112,10 @@ def aligned_bytes(size_t n, size_t phase=0):
 # process forks: no lane is then inside the C core (holding a lock, or
 # between a realloc and the store of its result) when the child's copy is
 # made.  The parent's consumer starts its epoch's pipeline again from
-# where it stopped; the child's is told it was forked (next()).  (A
-# consumer in another thread may start its lanes again before the fork
-# itself: the checks of the process id, and the index lock made anew in
-# the child, cover that.)
+# where it stopped; the child's is told it was forked (next()).  (It
+# starts them under the Reader's lane locks, which reader.py's hook holds
+# across the fork; the checks of the process id, and the index lock made
+# anew in a child, remain for a fork that runs no hook.)
 _running = weakref.WeakSet()
 
 

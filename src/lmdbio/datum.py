@@ -31,7 +31,7 @@ import numpy as np
 
 from lmdbio import _datum
 from lmdbio.errors import DatumError
-from lmdbio.reader import Reader
+from lmdbio.reader import Reader, forked_error
 
 __all__ = ['decode', 'decode_one', 'encode', 'encode_file', 'read_mean',
            'Transform', 'DatumReader', 'DatumError', 'image_backend']
@@ -665,9 +665,15 @@ def prefetched(make_items, depth, name, running=None):
     if running is not None:
         running.append(entry)
     t.start()
+    pid = os.getpid()
     try:
         while True:
-            item = q.get()
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                if os.getpid() != pid:   # the thread stayed in the parent
+                    raise forked_error(name) from None
+                continue
             if item is _END:
                 return
             if isinstance(item, BaseException):

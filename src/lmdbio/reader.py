@@ -14,6 +14,7 @@ import zlib
 import math
 import os
 import threading
+import weakref
 
 import numpy as np
 # numpy loads numpy.random on first use (17 ms here): a shuffled epoch's
@@ -294,6 +295,47 @@ def _data_path(path, subdir):
     if not os.path.exists(path):
         raise Error('%s: No such file or directory' % path)
     return path
+
+
+# Readers whose lane locks (and Python lanes' conditions) a fork must not
+# copy held: a thread holds them
+# while it reads without the GIL, and the child, which has not that thread,
+# would wait for them forever.  The fork waits for each (at most
+# _FORK_WAIT seconds: a lock it cannot get is left as it is), which also
+# keeps a consumer from starting its C lanes again between their stop
+# (_bulk's hook, which runs after this one) and the fork.
+_open_readers = weakref.WeakSet()
+_FORK_WAIT = 10.0
+_held_for_fork = []
+
+
+def _lanes_before_fork():
+    for r in list(_open_readers):
+        locks = list(getattr(r, '_lane_locks', ()))
+        for w in list(getattr(r, '_workers', ())):
+            if isinstance(w, tuple):   # Python lanes: their conditions
+                locks += w[2]
+        for lock in locks:
+            if lock.acquire(timeout=_FORK_WAIT):
+                _held_for_fork.append(lock)
+
+
+def _lanes_after_fork():
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
+os.register_at_fork(before=_lanes_before_fork,
+                    after_in_parent=_lanes_after_fork,
+                    after_in_child=_lanes_after_fork)
+
+
+def forked_error(path):
+    """lmdbio.Error for an epoch a forked child goes on with: its prefetch
+    threads stayed in the parent."""
+    return Error('%s: this epoch was begun before the process forked and '
+                 'its prefetch threads stayed in the parent; begin a new '
+                 'epoch (iter(reader)) in this process' % (path,))
 
 
 def _stop_worker(worker):
@@ -610,6 +652,7 @@ class Reader:
         self.path = paths[0] if len(paths) == 1 else paths
         self._io_lock = threading.Lock()  # lane 0: iteration and read()
         self._lane_locks = (self._io_lock, threading.Lock())
+        _open_readers.add(self)
         self._recmap_pending = None  # a cached record map not yet loaded
         self._leaves_tried = False   # _random_access asked for the leaves
         self._unsaved_index = None   # a begun index's save, once whole
@@ -1605,6 +1648,7 @@ class Reader:
             threads.append(t)
         worker = (threads, stop, (cond,))
         self._workers.append(worker)
+        pid = os.getpid()
         for t in threads:
             t.start()
         try:
@@ -1615,6 +1659,8 @@ class Reader:
                         if self._file is None:
                             raise Error('%s: the Reader was closed'
                                         % self.path)
+                        if os.getpid() != pid:
+                            raise forked_error(self.path)
                         if st['running'] == 0 and seq not in st['done']:
                             if stop.is_set():   # close() stopped them
                                 raise Error('%s: the Reader was closed'
