@@ -310,7 +310,10 @@ _held_for_fork = []
 
 
 def _lanes_before_fork():
-    for r in list(_open_readers):
+    # a Reader over several environments before its parts, in the order
+    # its own code takes them (_random_access)
+    for r in sorted(_open_readers, key=lambda r: r.__dict__.get('_parts')
+                    is None):
         locks = list(getattr(r, '_lane_locks', ()))
         for w in list(getattr(r, '_workers', ())):
             if isinstance(w, tuple):   # Python lanes: their conditions
