@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 
-from lmdbio.errors import make_error
+from lmdbio.errors import forked_error, make_error
 
 from lmdbio._core cimport *   # the C core's declarations (_core.pxd)
 
@@ -163,10 +163,7 @@ cdef class _Pipeline:
         cdef const int64_t *voff
         if self.pid != getpid():
             if self.resume_at < self.end:
-                raise make_error(
-                    '%s: this epoch was begun before the process forked and '
-                    'its prefetch threads stayed in the parent; begin a new '
-                    'epoch (iter(reader)) in this process' % self.path, 0)
+                raise forked_error(self.path)
             return None
         if p == NULL or self.stopping:
             return None

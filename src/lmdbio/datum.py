@@ -30,8 +30,8 @@ import zlib
 import numpy as np
 
 from lmdbio import _datum
-from lmdbio.errors import DatumError
-from lmdbio.reader import Reader, forked_error
+from lmdbio.errors import DatumError, forked_error
+from lmdbio.reader import Reader
 
 __all__ = ['decode', 'decode_one', 'encode', 'encode_file', 'read_mean',
            'Transform', 'DatumReader', 'DatumError', 'image_backend']

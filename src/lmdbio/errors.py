@@ -309,6 +309,14 @@ def disk_error(what, sys_errno, path=None, offset=None):
     return exc
 
 
+def forked_error(path):
+    """The :class:`Error` for an epoch a forked child goes on with: its
+    prefetch threads stayed in the parent."""
+    return make_error('%s: this epoch was begun before the process forked '
+                      'and its prefetch threads stayed in the parent; begin a '
+                      'new epoch (iter(reader)) in this process' % (path,), 0)
+
+
 _ERRNO_NAMES = {'EACCES', 'EINVAL', 'EAGAIN', 'ENOMEM', 'ENOSPC'}
 
 #: error code -> exception class, as py-lmdb maps them.

@@ -27,7 +27,7 @@ from lmdbio._bulk import BulkFile, gather
 from lmdbio._bulk import leaves_ahead  # noqa: F401
 from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
-                           SnapshotChangedError, make_error)
+                           SnapshotChangedError, forked_error, make_error)
 
 __all__ = ['Reader', 'Batch', 'Ragged', 'shard_order']
 
@@ -331,14 +331,6 @@ def _lanes_after_fork():
 os.register_at_fork(before=_lanes_before_fork,
                     after_in_parent=_lanes_after_fork,
                     after_in_child=_lanes_after_fork)
-
-
-def forked_error(path):
-    """lmdbio.Error for an epoch a forked child goes on with: its prefetch
-    threads stayed in the parent."""
-    return Error('%s: this epoch was begun before the process forked and '
-                 'its prefetch threads stayed in the parent; begin a new '
-                 'epoch (iter(reader)) in this process' % (path,))
 
 
 def _stop_worker(worker):
