@@ -742,6 +742,17 @@ void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes);
 void lio_pool_advice(const lio_pool *pool, uint64_t *given, uint64_t *skipped);
 uint64_t lio_pool_gaps_skipped(const lio_pool *pool);
 void lio_pool_close(lio_pool *pool);
+/* A lane of a pool: an executor that performs the reads the page cache
+ * holds in the calling thread through its own open file description of
+ * the pool's file (threads sharing one contend on its reference count),
+ * and hands the rest to the pool.  Without /proc (or under O_DIRECT or the
+ * fault hook) it reads through the pool's description: own_fd says which.
+ * Close every lane before its pool. */
+typedef struct lio_pool_lane lio_pool_lane;
+int lio_pool_lane_open(lio_pool_lane **out, lio_pool *pool, lio_error *err);
+void lio_pool_lane_get_executor(lio_pool_lane *l, lio_executor *ex);
+int lio_pool_lane_own_fd(const lio_pool_lane *l);
+void lio_pool_lane_close(lio_pool_lane *l);
 
 #ifdef __cplusplus
 }

@@ -380,6 +380,48 @@ def test_cached_reads_skip_wide_gaps_and_return_the_same(tmp_path):
     assert skipped > 0
 
 
+def _descriptions_of(path):
+    """This process's open descriptors of the file at path."""
+    target = os.path.realpath(path)
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.path.realpath("/proc/self/fd/" + fd) == target:
+                fds.append(fd)
+        except OSError:
+            pass
+    return fds
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_lanes_read_the_cache_through_their_own_descriptions(tmp_path):
+    """The pipeline's lanes read what the page cache holds through their
+    own open file descriptions of the data file (two threads on one
+    contend on its reference count): a shuffled epoch through them returns
+    exactly what py-lmdb holds, also after the file's path was replaced
+    mid-epoch (the lanes reopen the open file, not the path), and closing
+    the Reader closes them."""
+    path = str(tmp_path / "db")
+    items = write_sized(path, [800] * 3000)
+    with open(data_file(path), "rb") as f:   # hot: the cached path
+        f.read()
+    before = len(_descriptions_of(data_file(path)))
+    with lmdbio.Reader(path, batch_size=100, shuffle=True, seed=1,
+                       index_cache=False) as r:
+        got = {}
+        for j, b in enumerate(r):
+            if j == 1:   # the lanes have opened theirs: replace the path
+                os.rename(data_file(path), data_file(path) + ".old")
+                with open(data_file(path), "wb") as f:
+                    f.write(b"\0" * 8192)
+            got.update(zip(b.indices.tolist(), b.values.tolist()))
+        assert r._file.lane_descriptions() == [True, True]
+        open_now = len(_descriptions_of(data_file(path) + ".old"))
+    assert got == {i: v for i, (_, v) in enumerate(items)}
+    assert open_now == before + 3            # the file's, and each lane's
+    assert len(_descriptions_of(data_file(path) + ".old")) == before
+
+
 @pytest.mark.parametrize("cache", ["keep", "drop"])
 @pytest.mark.parametrize("storage", ["local", "network", (1e-4, 5e8)])
 def test_cache_and_storage_policies_read_the_same(scattered_env, cache,

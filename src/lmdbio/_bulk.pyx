@@ -262,6 +262,8 @@ cdef class BulkFile:
     cdef lio_bulk *bulk_ind        # independent reads (posix), if ex differs
     cdef lio_bulk *bulk_lane2      # a second independent reader (pipelining)
     cdef lio_bulk *bulk_pipe[2]    # the window pipeline's lanes' own readers
+    cdef lio_pool_lane *lane_io[2] # their own descriptions of the file
+    cdef lio_executor lane_ex[2]   # (executors over the pool's threads)
     cdef _Pipeline pipe            # the pipeline running, or None
     cdef size_t max_gap, max_read, region
     cdef unsigned region_min
@@ -758,13 +760,14 @@ cdef class BulkFile:
         with nogil:
             lio_bulk_advise(b, &ords[0], n)
 
-    cdef lio_bulk *_new_bulk(self) except NULL:
-        """Another batch reader over the POSIX pool, with this file's
-        policies."""
+    cdef lio_bulk *_new_bulk(self, const lio_executor *ex=NULL) except NULL:
+        """Another batch reader over the POSIX pool (through ex, one of its
+        lanes, if given), with this file's policies."""
         cdef lio_error err
         cdef lio_bulk *b = NULL
         cdef int rc = lio_bulk_open(&b, self.env, &self.snap, &self.db,
-                                    self.idx, &self.posix_ex, &err)
+                                    self.idx, ex if ex != NULL
+                                    else &self.posix_ex, &err)
         if rc:
             raise _error(self.path, &err)
         if self.policy_set:
@@ -943,7 +946,13 @@ cdef class BulkFile:
                 (cfg.basis[1][0], cfg.basis[1][1]) = basis
         for i in range(2):
             if self.bulk_pipe[i] == NULL:
-                self.bulk_pipe[i] = self._new_bulk()
+                if self.lane_io[i] == NULL:
+                    rc = lio_pool_lane_open(&self.lane_io[i], self.pool, &err)
+                    if rc:
+                        raise _error(self.path, &err)
+                    lio_pool_lane_get_executor(self.lane_io[i],
+                                               &self.lane_ex[i])
+                self.bulk_pipe[i] = self._new_bulk(&self.lane_ex[i])
             elif self.policy_set:   # (set while the last pipeline ran)
                 lio_bulk_set_policy(self.bulk_pipe[i], self.max_gap,
                                     self.max_read)
@@ -1016,8 +1025,18 @@ cdef class BulkFile:
         copying them into the plan's sink, so far."""
         return lio_pool_gaps_skipped(self.pool) if self.pool != NULL else 0
 
+    def lane_descriptions(self):
+        """For each pipeline lane opened so far: whether it reads the page
+        cache through its own open file description (else the pool's)."""
+        return [bool(lio_pool_lane_own_fd(self.lane_io[i]))
+                for i in range(2) if self.lane_io[i] != NULL]
+
     def close(self):
+        cdef int i
         self._drop_index()
+        for i in range(2):
+            lio_pool_lane_close(self.lane_io[i])
+            self.lane_io[i] = NULL
         if self.pool != NULL:
             lio_pool_close(self.pool)
             self.pool = NULL

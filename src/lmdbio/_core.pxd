@@ -218,6 +218,13 @@ cdef extern from "lmdbio.h" nogil:
                          uint64_t *skipped)
     uint64_t lio_pool_gaps_skipped(const lio_pool *pool)
     void lio_pool_close(lio_pool *pool)
+    ctypedef struct lio_pool_lane:
+        pass
+    int lio_pool_lane_open(lio_pool_lane **out, lio_pool *pool,
+                           lio_error *err)
+    void lio_pool_lane_get_executor(lio_pool_lane *l, lio_executor *ex)
+    int lio_pool_lane_own_fd(const lio_pool_lane *l)
+    void lio_pool_lane_close(lio_pool_lane *l)
     void lio_env_set_executor(lio_env *env, const lio_executor *ex)
     void lio_env_assume_device(lio_env *env, int on)
 

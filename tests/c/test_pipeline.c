@@ -260,6 +260,8 @@ typedef struct lfile {
     lio_dbrec db;
     lio_index *idx;          /* whole (lio_index_build) */
     lio_bulk *lane[2];       /* the pipeline's readers over idx */
+    lio_pool_lane *lane_io[2];  /* their own descriptions of the file */
+    lio_executor lane_ex[2];
 } lfile;
 
 static lfile g_files[2];
@@ -276,7 +278,7 @@ static lfile g_files[2];
 /* BulkFile.__cinit__ (posix, env with a 4 MiB cache, pool of 4 threads,
  * its executor), snapshot(0) (the newest txn, its main DB), build_index()
  * (through the pool's executor), then the pipeline's two readers
- * (_new_bulk: lio_bulk_open over the pool's executor). */
+ * (start_pipeline: lio_bulk_open over a lane of the pool each). */
 static int lf_open(lfile *f)
 {
     lio_error err;
@@ -295,9 +297,16 @@ static int lf_open(lfile *f)
     }
     LIO_OK(lio_index_build(&f->idx, f->env, &f->snap, &f->db, &f->ex, &err),
            &err);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        LIO_OK(lio_pool_lane_open(&f->lane_io[i], f->pool, &err), &err);
+        if (!lio_pool_lane_own_fd(f->lane_io[i])) {
+            fail("lane %d reads through the pool's description", i);
+            return -1;
+        }
+        lio_pool_lane_get_executor(f->lane_io[i], &f->lane_ex[i]);
         LIO_OK(lio_bulk_open(&f->lane[i], f->env, &f->snap, &f->db, f->idx,
-                             &f->ex, &err), &err);
+                             &f->lane_ex[i], &err), &err);
+    }
     note("%s: txnid %llu, %u-byte pages, %llu leaves (%.1f records a "
          "leaf), %llu overflow pages, record map %s", f->label,
          (unsigned long long)f->snap.txnid, (unsigned)f->snap.psize,
@@ -313,6 +322,8 @@ static void lf_close(lfile *f)
     for (int i = 0; i < 2; i++) {
         lio_bulk_close(f->lane[i]);
         f->lane[i] = NULL;
+        lio_pool_lane_close(f->lane_io[i]);
+        f->lane_io[i] = NULL;
     }
     lio_index_free(f->idx);
     f->idx = NULL;
@@ -778,8 +789,8 @@ static int open_begun(lfile *f, lio_index **gi, lio_bulk *lanes[3])
         return -1;
     }
     for (int i = 0; i < 3; i++)
-        LIO_OK(lio_bulk_open(&lanes[i], f->env, &f->snap, &f->db, *gi, &f->ex,
-                             &err), &err);
+        LIO_OK(lio_bulk_open(&lanes[i], f->env, &f->snap, &f->db, *gi,
+                             i < 2 ? &f->lane_ex[i] : &f->ex, &err), &err);
     return 0;
 }
 
