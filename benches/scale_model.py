@@ -568,13 +568,12 @@ def reader_holds_leaves(layout, job, rank, engine="posix",
     """Whether the Reader holds every leaf in memory
     (lmdbio.Reader._random_access): before reads in random order (a
     shuffled epoch, or read(): random_access), without MPI, a whole index
-    without a record map whose leaves take at most a quarter of the file
-    and LEAVES_HELD bytes."""
+    without a record map whose leaves take at most LEAVES_HELD bytes."""
     if engine != "posix" or not random_access or \
             not _whole_index(layout, job, rank) or layout.has_recmap():
         return False
     leaf_bytes = layout.n_leaves * layout.psize
-    return 0 < leaf_bytes <= min(layout.file_bytes // 4, LEAVES_HELD)
+    return 0 < leaf_bytes <= LEAVES_HELD
 
 
 def reader_counts_leaves(layout, job, rank, engine="posix"):

@@ -1,14 +1,15 @@
 """Leaves held in memory for reads in random order.
 
-A shuffled epoch (or read()) over a tree whose values live in overflow runs
-(CIFAR-like Datums: a hundred records a leaf, the leaves a small part of the
-file) needs most leaves in every window.  The Reader then reads every leaf
+A shuffled epoch (or read()) over a tree without a record map (values in
+overflow runs, CIFAR-like Datums: a hundred records a leaf, the leaves a
+small part of the file; or many small records a leaf, the leaves the file)
+needs most leaves in every window.  The Reader then reads every leaf
 once, checks it, and holds it, and windows read only the values.  That path
 must return exactly what the leaf-reading path returns and what py-lmdb
 says; it must really stop reading leaves; a damaged leaf must fail the
 batch that needs it, after every batch before it, as without it; and it is
-only taken where it pays (no record map, leaves at most a quarter of the
-file and _LEAVES_HELD bytes).
+only taken where it pays (no record map, leaves at most _LEAVES_HELD
+bytes).
 """
 
 from __future__ import annotations
@@ -125,14 +126,22 @@ def _values(part):
 
 def test_leaves_are_held_only_where_they_pay(tmp_path):
     """Not for a tree with a record map (it reads records without their
-    leaves already), not when the leaves are more than a quarter of the file
-    or more than the budget, and not for an in-order epoch."""
+    leaves already), not when the leaves are more than the budget, and not
+    for an in-order epoch.  A tree of many small records a leaf, whose
+    leaves are the file, holds them: its windows read the same leaves over
+    and over otherwise."""
     cifar, mnist, small = (str(tmp_path / d) for d in ("c", "m", "s"))
     write_sized(cifar, [3000] * 2000)
     write_sized(mnist, [800] * 2000)      # <= 8 a leaf: a record map
     write_sized(small, [100] * 2000)      # the leaves are the file
-    for path, want in ((cifar, True), (mnist, False), (small, False)):
+    for path, want in ((cifar, True), (mnist, False), (small, True)):
         assert epoch(path, True, batch_size=64)[1] == want, path
+    old = reader_mod._LEAVES_HELD
+    reader_mod._LEAVES_HELD = (2000 * 100) // 2   # under the leaves' bytes
+    try:
+        assert not epoch(small, True, batch_size=64)[1]
+    finally:
+        reader_mod._LEAVES_HELD = old
     assert not epoch(cifar, False, batch_size=64)[1]
     f = _bulk(cifar)
     try:

@@ -54,7 +54,8 @@ def _window_budget(prefetch_bytes, shuffle, lanes=2):
     most = _WINDOW_BYTES if shuffle else _ORDERED_WINDOW_BYTES
     return max(1, min(prefetch_bytes // (lanes + 2), most))
 # Leaves held in memory for random access (_random_access), at most this
-# many bytes: a million CIFAR-like records have 26 MB of leaves.
+# many bytes: a million CIFAR-like records have 26 MB of leaves, a million
+# 100-byte records 120 MB.
 _LEAVES_HELD = 128 << 20
 _STATE_VERSION = 1  # state_dict()'s layout
 
@@ -979,14 +980,17 @@ class Reader:
 
     def _random_access(self):
         """Before reads in random order (a shuffled epoch, read()): the
-        cached record map, and, for a tree whose values live in overflow
-        runs, its leaves held in memory (read and checked once; at most a
-        quarter of the file and _LEAVES_HELD bytes;
-        window_stats['leaves_held']): a shuffled window of
-        CIFAR-like records needed most leaves again and read them again,
-        a leaf for each value read.  Not under MPI (its reads are
-        collective, window by window), nor for a partial index.  Several
-        environments: each part's own."""
+        cached record map, and, for a tree without one (more than
+        LIO_RECMAP_PER_LEAF records a leaf, or values in overflow runs),
+        its leaves held in memory (read and checked once; at most
+        _LEAVES_HELD bytes; window_stats['leaves_held']).  Without them a
+        shuffled window reads a whole leaf for the one or two of its records
+        it needs, and the next window most of the same leaves again: a
+        window of CIFAR-like records read most leaves, a value each, and an
+        epoch of 100-byte records (34 a leaf) read its leaves 19 times over
+        (2.7x slower hot).  Not under MPI (its reads are collective, window
+        by window), nor for a partial index.  Several environments: each
+        part's own."""
         if self._parts is not None:
             # (the outer Reader's lanes read the parts' files under its
             # locks, not theirs: their indexes change under these)
@@ -1004,8 +1008,7 @@ class Reader:
             f = self._live_file()
             if f.index_range != (0, self.total_records):
                 return   # a shard's partial index: its in-order epoch
-            self.window_stats['leaves_held'] = f.keep_leaves(
-                min((f.last_pg + 1) * f.psize // 4, _LEAVES_HELD))
+            self.window_stats['leaves_held'] = f.keep_leaves(_LEAVES_HELD)
 
     def _index_all(self, least, most):
         """A partial index (_part_wanted) widened to the whole tree when
