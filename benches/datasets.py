@@ -22,6 +22,8 @@ big        3000     300    ImageNet-like raw Datum 3xHx256, H in [200, 266]
                            (150-200 KiB, overflow runs), appended
 shuffled   200000   20000  like ``small``, inserted in random key order
                            (leaves scattered through the file)
+tiny       1000000  100000 feature-vector Datum 1x8x8 (~80 B, about 43 a
+                           leaf: no record map), appended
 =========  =======  =====  ==================================================
 
 ``NAME-quick`` (e.g. ``small-quick``) selects the quick size.
@@ -170,11 +172,15 @@ DATASETS = {
                 doc="Datum 3xHx256, 150-200 KiB (overflow pages), appended"),
     "shuffled": dict(records=200_000, quick=20_000, kind="mnist", order="random",
                      doc="MNIST-like Datum (~800 B) inserted in random key order"),
+    "tiny": dict(records=1_000_000, quick=100_000, kind="features",
+                 order="append",
+                 doc="Datum 1x8x8 (~80 B, dozens a leaf), appended in key order"),
 }
 
 # records generated per batch (record i's bytes depend on its chunk's rng, so
 # these are part of the format: changing them changes the data)
-_CHUNK = {"mnist": 10_000, "cifar": 10_000, "imagenet": 64}
+_CHUNK = {"mnist": 10_000, "cifar": 10_000, "imagenet": 64,
+          "features": 10_000}
 
 
 def _chunk(base):
@@ -240,8 +246,17 @@ def _values_imagenet(rng, n):
     return out
 
 
+def _values_features(rng, n):
+    px = rng.integers(0, 256, size=(n, 64), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n)
+    head = datum_header(1, 8, 8) + _varint(64)
+    enc = _TAG_ENCODED + b"\x00"
+    return [head + px[j].tobytes() + _TAG_LABEL + _int32(int(labels[j])) + enc
+            for j in range(n)]
+
+
 _MAKERS = {"mnist": _values_mnist, "cifar": _values_cifar,
-           "imagenet": _values_imagenet}
+           "imagenet": _values_imagenet, "features": _values_features}
 
 
 def record_values(name: str, start: int, stop: int, seed: int = 0):
@@ -263,14 +278,15 @@ def key(i: int) -> bytes:
 
 
 def _estimate_bytes(spec, records):
-    per = {"mnist": 820, "cifar": 4096, "imagenet": 204_800 + 4096}[spec["kind"]]
+    per = {"mnist": 820, "cifar": 4096, "imagenet": 204_800 + 4096,
+           "features": 128}[spec["kind"]]
     factor = 2.2 if spec["order"] == "random" else 1.3
     return int(records * per * factor) + (64 << 20)
 
 
 def generate(name: str, path: str, records: int | None = None, seed: int = 0,
              verbose: bool = False) -> str:
-    """Write dataset NAME (``small``, ``cifar``, ``big``, ``shuffled``, or
+    """Write dataset NAME (``small``, ``cifar``, ``big``, ``shuffled``, ``tiny``, or
     ``NAME-quick``) as an LMDB environment directory at PATH and return PATH.
 
     Deterministic: the same (name, records, seed) gives the same records and,
@@ -384,7 +400,7 @@ def ensure(name: str, path: str, records: int | None = None, seed: int = 0,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("name", nargs="?", help="small, cifar, big, shuffled (or NAME-quick)")
+    ap.add_argument("name", nargs="?", help="small, cifar, big, shuffled, tiny (or NAME-quick)")
     ap.add_argument("path", nargs="?", help="environment directory to create")
     ap.add_argument("--records", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
