@@ -224,13 +224,20 @@ def _values_mnist(rng, n):
             for j in range(n)]
 
 
-def _values_cifar(rng, n):
-    px = rng.integers(0, 256, size=(n, 3 * 32 * 32), dtype=np.uint8)
+def _dense_datums(rng, n, channels, height, width):
+    # uniform random pixels and labels 0-9 (drawn in this order: the bytes
+    # are part of the format)
+    size = channels * height * width
+    px = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     labels = rng.integers(0, 10, size=n)
-    head = datum_header(3, 32, 32) + _varint(3072)
+    head = datum_header(channels, height, width) + _varint(size)
     enc = _TAG_ENCODED + b"\x00"
     return [head + px[j].tobytes() + _TAG_LABEL + _int32(int(labels[j])) + enc
             for j in range(n)]
+
+
+def _values_cifar(rng, n):
+    return _dense_datums(rng, n, 3, 32, 32)
 
 
 def _values_imagenet(rng, n):
@@ -247,12 +254,7 @@ def _values_imagenet(rng, n):
 
 
 def _values_features(rng, n):
-    px = rng.integers(0, 256, size=(n, 64), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=n)
-    head = datum_header(1, 8, 8) + _varint(64)
-    enc = _TAG_ENCODED + b"\x00"
-    return [head + px[j].tobytes() + _TAG_LABEL + _int32(int(labels[j])) + enc
-            for j in range(n)]
+    return _dense_datums(rng, n, 1, 8, 8)
 
 
 _MAKERS = {"mnist": _values_mnist, "cifar": _values_cifar,

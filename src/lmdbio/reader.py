@@ -299,9 +299,8 @@ def _data_path(path, subdir):
 
 
 # Readers whose lane locks (and Python lanes' conditions) a fork must not
-# copy held: a thread holds them
-# while it reads without the GIL, and the child, which has not that thread,
-# would wait for them forever.  The fork waits for each (at most
+# copy held: a thread holds them while it reads without the GIL, and the
+# child, which has not that thread, would wait for them forever.  The fork waits for each (at most
 # _FORK_WAIT seconds: a lock it cannot get is left as it is), which also
 # keeps a consumer from starting its C lanes again between their stop
 # (_bulk's hook, which runs after this one) and the fork.
