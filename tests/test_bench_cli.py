@@ -344,3 +344,63 @@ def test_real_peer_benches_say_how_to_get_their_peer(tmp_path, script, flag,
                         str(tmp_path / "no-venv" / "python"), "--modes", "hot"],
                        capture_output=True, text=True, timeout=120)
     _one_line_error(p, "no-venv", target)
+
+
+def _limits_module():
+    import importlib.util
+    p = os.path.join(ROOT, "benches", "limits.py")
+    if not os.path.exists(p):
+        pytest.fail("benches/limits.py is not in this tree")
+    spec = importlib.util.spec_from_file_location("bench_limits", p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return p, mod
+
+
+def test_limits_measures_every_limit_it_names(tmp_path):
+    """benches/limits.py builds its C loops and measures each limit, on one
+    thread and on two, every figure positive, in the unit it names."""
+    script, _ = _limits_module()
+    f = tmp_path / "file.bin"
+    f.write_bytes(os.urandom(4 << 20))
+    out = tmp_path / "limits.json"
+    p = subprocess.run([sys.executable, script, "--dir", str(f), "--sizes",
+                        "100,4096", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    got = {(r["name"], r["threads"]): (r["value"], r["unit"]) for r in rows}
+    want = [(n, t, "GB/s") for n in ("seq_pread", "seq_pread_out",
+                                     "seq_two_copy", "memcpy")
+            for t in (1, 2)]
+    want += [(f"rand_pread_{s}", t, "us") for s in (100, 4096) for t in (1, 2)]
+    want += [("fault", 1, "us")]
+    assert sorted(got) == sorted((n, t) for n, t, _ in want)
+    for n, t, unit in want:
+        value, u = got[(n, t)]
+        assert u == unit and value > 0, (n, t, value, u)
+    assert "seq_two_copy" in p.stdout and "rand_pread_4096" in p.stdout
+
+
+def test_limits_rejects_what_it_cannot_read(tmp_path):
+    """A missing file or a bad size: one line, no traceback; output it does
+    not know is an error, not a figure."""
+    script, mod = _limits_module()
+    p = subprocess.run([sys.executable, script, "--dir",
+                        str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=60)
+    _one_line_error(p, "no such file", "--dir")
+    (tmp_path / "f").write_bytes(b"x" * 65536)
+    for sizes in ("12,zero", "0", ","):
+        p = subprocess.run([sys.executable, script, "--dir",
+                            str(tmp_path / "f"), "--sizes", sizes],
+                           capture_output=True, text=True, timeout=60)
+        _one_line_error(p, "--sizes", "16,830,4096")
+    p = subprocess.run([sys.executable, script, "--dir", str(tmp_path / "f"),
+                        "--sizes", "100000"],
+                       capture_output=True, text=True, timeout=60)
+    _one_line_error(p, "does not fit", "smaller --sizes")
+    with pytest.raises(ValueError):
+        mod.parse("seq_pread 1 fast\n")
+    assert mod.parse("fault 1 1.5 us\n") == [
+        dict(name="fault", threads=1, value=1.5, unit="us")]
