@@ -12,9 +12,10 @@
  *                 a reader that must rearrange records (the Reader in
  *                 key order: leaves into a buffer, records into batches)
  *   memcpy        memory to memory, output as above
- *   rand_pread_N  random N-byte reads at page offsets of the file (a
- *                 lookup's leaf, a shuffled record): microseconds a read,
- *                 wall time over reads (with two threads: both together)
+ *   rand_pread_N  random N-byte reads at page offsets of the file, each
+ *                 into the next place of the output (a shuffled record
+ *                 into its batch): microseconds a read, wall time over
+ *                 reads (with two threads: both together)
  *   fault         first touch of fresh anonymous memory: microseconds a
  *                 4 KiB page (every new buffer of a fresh process pays it)
  * Two threads split the work in halves.  Each figure is the best of
@@ -73,8 +74,15 @@ static void *run(void *arg)
 {
     job *j = arg;
     if (j->what == RAND_PREAD) {
-        for (size_t i = j->lo; i < j->hi && !j->failed; i++)
-            j->failed = read_full(j->buf, j->len, offsets[i]);
+        /* each into the next place of the output, as records into a
+         * batch (a reused buffer would stay in the CPU's caches) */
+        size_t at = j->lo * j->len % (file_size - j->len + 1);
+        for (size_t i = j->lo; i < j->hi && !j->failed; i++) {
+            j->failed = read_full(out + at, j->len, offsets[i]);
+            at += j->len;
+            if (at > file_size - j->len)
+                at = 0;
+        }
         return NULL;
     }
     for (size_t off = j->lo; off < j->hi && !j->failed; off += CHUNK) {

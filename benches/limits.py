@@ -15,9 +15,10 @@ Each figure is the best of 5 rounds, on one thread and on two:
   least a reader that rearranges records does (the Reader in key order
   reads leaves, then copies keys and values into batches);
 - ``memcpy``: memory to memory, the same output;
-- ``rand_pread_N``: random N-byte reads at page offsets (a lookup's leaf,
-  a shuffled record), microseconds a read, with two threads both
-  together: N records read one at a time cannot take less;
+- ``rand_pread_N``: random N-byte reads at page offsets, each into the
+  next place of the output (a shuffled record into its batch),
+  microseconds a read, with two threads both together: K records read
+  one at a time cannot take less than K times this;
 - ``fault``: the first touch of a fresh 4 KiB page (every new buffer of a
   fresh process pays it).
 """
