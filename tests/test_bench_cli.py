@@ -316,15 +316,22 @@ def test_shard_start_rule():
     assert bench.shard_start(0, 0, 2) == (0, 0)
 
 
-def test_compare_is_lmdbio_bench():
-    """benches/compare.py runs lmdbio.bench's code, not a copy of it."""
+def _bench_script(name):
+    """(path, module) of the script benches/NAME, loaded by path."""
     import importlib.util
-    p = os.path.join(ROOT, "benches", "compare.py")
+    p = os.path.join(ROOT, "benches", name)
     if not os.path.exists(p):
-        pytest.fail("benches/compare.py is not in this tree")
-    spec = importlib.util.spec_from_file_location("bench_compare", p)
+        pytest.fail(f"benches/{name} is not in this tree")
+    spec = importlib.util.spec_from_file_location(
+        "bench_" + name.rsplit(".", 1)[0], p)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return p, mod
+
+
+def test_compare_is_lmdbio_bench():
+    """benches/compare.py runs lmdbio.bench's code, not a copy of it."""
+    _, mod = _bench_script("compare.py")
     assert mod.format_table.__module__ in ("lmdbio.bench", "lmdbio_bench")
     assert mod.ALL_PEERS == bench.ALL_PEERS
 
@@ -346,21 +353,10 @@ def test_real_peer_benches_say_how_to_get_their_peer(tmp_path, script, flag,
     _one_line_error(p, "no-venv", target)
 
 
-def _limits_module():
-    import importlib.util
-    p = os.path.join(ROOT, "benches", "limits.py")
-    if not os.path.exists(p):
-        pytest.fail("benches/limits.py is not in this tree")
-    spec = importlib.util.spec_from_file_location("bench_limits", p)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return p, mod
-
-
 def test_limits_measures_every_limit_it_names(tmp_path):
     """benches/limits.py builds its C loops and measures each limit, on one
     thread and on two, every figure positive, in the unit it names."""
-    script, _ = _limits_module()
+    script, _ = _bench_script("limits.py")
     f = tmp_path / "file.bin"
     f.write_bytes(os.urandom(4 << 20))
     out = tmp_path / "limits.json"
@@ -385,7 +381,7 @@ def test_limits_measures_every_limit_it_names(tmp_path):
 def test_limits_rejects_what_it_cannot_read(tmp_path):
     """A missing file or a bad size: one line, no traceback; output it does
     not know is an error, not a figure."""
-    script, mod = _limits_module()
+    script, mod = _bench_script("limits.py")
     p = subprocess.run([sys.executable, script, "--dir",
                         str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=60)
