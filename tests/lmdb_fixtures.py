@@ -253,10 +253,26 @@ def read_syscalls() -> int:
     raise AssertionError("no syscr in /proc/self/io")
 
 
-def prefetch_threads() -> List[str]:
+def prefetch_threads(settle: float = 0.0) -> List[str]:
     """The Reader's prefetch threads alive in this process: Python lanes
     (threading name lmdbio-prefetch) and the window pipeline's C lanes
-    (the OS thread name lmdbio-lane, from /proc/self/task)."""
+    (the OS thread name lmdbio-lane, from /proc/self/task).
+
+    settle: wait up to this many seconds for them to be gone.  A joined
+    thread can still be listed in /proc/self/task for a moment: the
+    kernel lets pthread_join return before it has removed the task, a
+    window that a loaded machine (a sanitizer build) makes visible.  A
+    thread that was never stopped stays, and is still returned."""
+    import time
+    deadline = time.monotonic() + settle
+    while True:
+        names = _prefetch_threads_now()
+        if not names or time.monotonic() >= deadline:
+            return names
+        time.sleep(0.01)
+
+
+def _prefetch_threads_now() -> List[str]:
     import threading
     names = [t.name for t in threading.enumerate()
              if t.name == "lmdbio-prefetch" and t.is_alive()]

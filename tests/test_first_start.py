@@ -152,7 +152,7 @@ def test_epoch_left_early_saves_nothing(tmp_path):
                 break
         assert r._file.index_pending
     assert not glob.glob(os.path.join(cache, "*.npy"))
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
     # the next start is a first start again, and complete
     got, from_cache, _ = epoch(path, cache, batch_size=100)
     assert not from_cache

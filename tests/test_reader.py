@@ -415,7 +415,7 @@ def test_named_db_str_bytes_and_missing(tmp_path):
         lmdbio.Reader(tmp_path, db=b"gamma")
     with pytest.raises(lmdbio.Error):
         lmdbio.Reader(tmp_path, db=b"main")          # a plain key, not a DB
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
 
 
 def test_subdir_false(tmp_path):
@@ -1286,7 +1286,7 @@ def _expect_direct_error(path, data_path):
     msg = str(ei.value)
     assert "O_DIRECT" in msg
     assert data_path in msg or str(path) in msg
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
 
 
 # ---------------------------------------------------------------------------
@@ -1439,7 +1439,7 @@ def test_close_mid_epoch(big_env):
     with pytest.raises(lmdbio.Error):
         next(iter(r))
     r.close()                 # twice is fine
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
 
 
 def test_close_mid_epoch_next_raises_error_immediately(big_env):
@@ -1474,7 +1474,7 @@ def test_with_block_exit_then_drop_iterator(big_env):
         next(it)
     del it
     gc.collect()
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
 
 
 def test_close_from_another_thread(big_env):
@@ -1534,7 +1534,7 @@ def test_closed_reader_fresh(big_env):
         r.read([0])
     with pytest.raises(lmdbio.Error):
         list(r)
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
 
 
 # ---------------------------------------------------------------------------

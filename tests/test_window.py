@@ -285,7 +285,7 @@ def test_damaged_leaf_mid_window_raises_after_earlier_batches(tmp_path,
         assert got == list(range(first_bad // bs * bs))
         assert r.window_stats["max_batches"] >= 4  # read in windows
         assert r.window_stats["pipeline_windows"] > 0
-        assert not prefetch_threads()
+        assert not prefetch_threads(settle=5)
 
 
 def test_windows_grow_and_stay_within_prefetch_bytes(scattered_env):
@@ -452,7 +452,7 @@ def test_close_mid_window_stops_threads(scattered_env):
     next(it)
     assert prefetch_threads()
     r.close()
-    assert not prefetch_threads()
+    assert not prefetch_threads(settle=5)
     with pytest.raises(lmdbio.Error):
         next(it)
 
@@ -498,7 +498,7 @@ def test_close_from_another_thread_while_waiting_for_a_window(
         t.join(30)
         assert not t.is_alive()
         assert_ended_well(out, len(items))
-        assert not prefetch_threads()
+        assert not prefetch_threads(settle=5)
 
 
 @pytest.fixture(scope="module")
@@ -548,7 +548,7 @@ def test_close_from_two_threads_at_once(scattered_env, wide_env,
             assert not failed
             if consumer_thread:
                 assert_ended_well(out, r.num_records - 20 * 64)
-            assert not prefetch_threads()
+            assert not prefetch_threads(settle=5)
 
 
 @pytest.mark.parametrize("shard", [(0, 4), (3, 4), (0, 1)])
@@ -575,7 +575,7 @@ def test_read_mid_epoch_changes_the_index_and_the_epoch_goes_on(
                 (v,) = r.read([len(items) - 1]).values.tolist()
                 assert v == items[-1][1]
                 assert r.window_stats["pipeline_windows"] > 0
-        assert not prefetch_threads()
+        assert not prefetch_threads(settle=5)
     assert got == expect
 
 
@@ -701,7 +701,7 @@ def test_abandoned_epoch_frees_lanes(scattered_env, shuffle):
             next(it)
             next(it)
             it.close()   # leaves the epoch early
-            assert not prefetch_threads()
+            assert not prefetch_threads(settle=5)
         assert sum(len(b) for b in r) == r.num_records
 
 
