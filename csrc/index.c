@@ -28,6 +28,9 @@ typedef struct {
     uint64_t pgno;
     uint64_t pos;    /* position in key order within the level */
 } pg_pos;
+/* sorted as records of two words by lio_sort_u64 */
+typedef char pg_pos_is_two_words[sizeof(pg_pos) == 2 * sizeof(uint64_t)
+                                 ? 1 : -1];
 
 /* Record map entries of the leaves scanned so far, in page order. */
 typedef struct {
@@ -74,11 +77,6 @@ static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
     return LIO_SUCCESS;
 }
 
-static int by_pgno(const void *a, const void *b)
-{
-    uint64_t x = ((const pg_pos *)a)->pgno, y = ((const pg_pos *)b)->pgno;
-    return x < y ? -1 : x > y;
-}
 
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
 {
@@ -385,7 +383,8 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         order[i].pgno = level[i];
         order[i].pos = i;
     }
-    qsort(order, n, sizeof *order, by_pgno);
+    /* (pg_pos is two words, the page number first: the radix sort) */
+    lio_sort_u64((uint64_t *)order, n, 2);
     for (uint64_t i = 0; i < n; i++)
         if ((rc = check_level_page(i ? &order[i - 1].pgno : NULL,
                                    order[i].pgno, snap, err)))

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from conftest import require_lmdbio
 from lmdb_fixtures import (FLAG_COMBOS, MD_ENTRIES, LmdbFile, data_file,
                            make_all_flags_env, patch_dbrec,
-                           prefetch_threads, read_all_pylmdb, write_items,
-                           write_sized)
+                           prefetch_threads, read_all_pylmdb,
+                           set_branch_child, write_items, write_sized)
 
 try:
     import lmdbio
@@ -251,3 +251,32 @@ def test_leaves_ahead_in_c_follows_the_rule(first, span, counted, covered,
         return   # (past every leaf: C stops at the last, reading nothing)
     assert reader_mod.leaves_ahead(first, first + span, counted, covered,
                                    leaves, records) == want
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_leaf_reached_twice_is_corruption(tmp_path, scattered, shuffle):
+    """Two branch nodes pointing at one leaf (its neighbour orphaned): the
+    index, built at open or counted by the windows, sorts each level's
+    pages by page number and refuses a page met twice, leaves in key order
+    on disk or scattered (the sort then reorders them)."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    n = 6000
+    order = np.random.default_rng(1).permutation(n) if scattered else None
+    write_sized(path, [500] * n, order)
+    f = LmdbFile(path)
+    parents = [p for p in f.branches("main")
+               if p.level + 2 == f.meta.main_db.depth and len(p.nodes) > 3]
+    assert len(parents) >= 2
+    # far apart in key order: only sorted by page number do the two
+    # meet
+    twice = parents[0].nodes[1].child
+    set_branch_child(data_file(path), parents[-1].nodes[2], twice)
+    with pytest.raises(lmdbio.CorruptedError,
+                       match="page %d is reached twice" % twice):
+        with lmdbio.Reader(path, batch_size=64, shuffle=shuffle,
+                           index_cache=str(tmp_path / "c")) as r:
+            for _ in r:
+                pass
+    assert not prefetch_threads(settle=5)
