@@ -4,7 +4,8 @@
 
 Builds ``benches/limits.c`` with the system C compiler (``$CC``, else
 ``cc``) into a temporary directory and runs it over DIR's data.mdb (or a
-file), hot: the file is read once first so that the page cache holds it.
+file), hot: the file is read once first so that the page cache holds it
+(the loops also hold two buffers the size of the file).
 Each figure is the best of 5 rounds, on one thread and on two:
 
 - ``seq_pread``: the file in order into one reused 2 MiB buffer (raw
@@ -111,7 +112,13 @@ def main(argv=None) -> int:
     if not sizes or any(s <= 0 for s in sizes):
         raise SystemExit(f"limits: --sizes wants byte counts of at least 1, "
                          f"comma-separated (as 16,830,4096), not {a.sizes!r}")
-    room = min(2 << 20, os.path.getsize(path) - 4096)
+    size = os.path.getsize(path)
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if 3 * size > free:   # the output and memcpy's source, and the cache
+        raise SystemExit(f"limits: {path} is {size / 1e9:.1f} GB; the loops "
+                         f"hold two buffers of its size in memory and "
+                         f"{free / 1e9:.1f} GB is free: use a smaller file")
+    room = min(2 << 20, size - 4096)
     if room < 1 or max(sizes) > room:
         raise SystemExit(f"limits: {path}: a random read of {max(sizes)} "
                          f"bytes does not fit (at most {max(room, 0)} here: a "
