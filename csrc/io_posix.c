@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -89,6 +90,7 @@ static int fault_for(fault_spec *f, uint64_t off, size_t len)
 struct lio_posix {
     int fd;
     size_t align;
+    int block_device;   /* the file lives on one (see lio_source) */
     fault_spec fault;
 };
 
@@ -234,6 +236,10 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
         return lio_fail(err, LIO_INVALID, LIO_NO_PAGE,
                         "%s is not a regular file", path);
     }
+    /* Filesystems without a device of their own (NFS, FUSE, Lustre's
+     * client, tmpfs, overlays) have an anonymous device number, major 0:
+     * their reads are not counted as blocks read in. */
+    p->block_device = major(st.st_dev) != 0;
     if (direct) {
         /* O_DIRECT needs offsets, lengths and buffers aligned to the
          * logical block size; 4096 covers every device we meet. */
@@ -252,6 +258,7 @@ void lio_posix_get_source(lio_posix *p, lio_source *src)
     src->size = posix_size;
     src->align = p->align;
     src->readv = posix_readv;
+    src->counted_reads = p->block_device;
 }
 
 void lio_posix_close(lio_posix *p)

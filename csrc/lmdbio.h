@@ -93,6 +93,11 @@ typedef struct lio_source {
      * negative errno.  Used only by sources with align 1. */
     int64_t (*readv)(void *ctx, uint64_t off, const lio_seg *segs,
                      size_t nseg);
+    /* Nonzero when the OS counts this source's reads from storage in the
+     * process's blocks read in (getrusage's ru_inblock): a file on a
+     * block device.  Zero (a network or FUSE filesystem, memory, MPI-IO):
+     * a slow read is taken as one from storage on its time alone. */
+    int counted_reads;
 } lio_source;
 
 /* One B+tree's record (MDB_db, 48 bytes on disk). */

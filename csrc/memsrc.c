@@ -45,6 +45,7 @@ void lio_mem_source(lio_source *src, lio_membuf *buf)
     src->size = mem_size;
     src->align = 1;
     src->readv = mem_readv;
+    src->counted_reads = 0;   /* (never slow) */
 }
 
 static int mem_run(void *ctx, const lio_plan *plan, lio_error *err)

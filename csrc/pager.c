@@ -326,7 +326,8 @@ static uint64_t now_ns(void)
 
 /* Did the process read from a device since the last call?  A slow read
  * may only have been descheduled (a busy machine): the kernel's count of
- * blocks read in tells. */
+ * blocks read in tells, where it counts the source's reads at all
+ * (lio_source.counted_reads; else the time alone decides). */
 static int read_blocks_in(lio_env *env)
 {
     struct rusage ru;
@@ -343,7 +344,7 @@ static void note_read(lio_env *env, int slow)
     int d = __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED);
     if (env->assume_device)
         slow = 1;
-    else if (slow)
+    else if (slow && env->src.counted_reads)
         slow = read_blocks_in(env);
     d = slow ? d + DEVICE_SLOW : d - 1;
     if (d > 2 * DEVICE_SLOW)

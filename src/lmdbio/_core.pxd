@@ -46,6 +46,7 @@ cdef extern from "lmdbio.h" nogil:
         int64_t (*read)(void *ctx, uint64_t off, void *buf, size_t len) noexcept nogil
         int64_t (*size)(void *ctx) noexcept nogil
         size_t align
+        int counted_reads
 
     ctypedef struct lio_dbrec:
         uint32_t pad

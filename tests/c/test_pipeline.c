@@ -30,6 +30,9 @@
  *                LIO_NOTFOUND once every window was taken; never hang)
  *   fork         a forked child extends a begun index whose lock a
  *                thread of the parent held at the fork
+ *   device       slow reads of a source the OS does not count as blocks
+ *                read in (NFS, FUSE) make lookups read around; of one it
+ *                counts, without the count moving, they do not
  *
  *   make -C tests/c test      (or: tests/c/test_pipeline [name ...]; a
  *                             name "whole/shuf" runs the cases of whole
@@ -51,6 +54,7 @@
 #include <unistd.h>
 
 #include "lmdbio.h"
+#include "core.h"   /* lio_page_get, lio_env_from_device (test: device) */
 
 #define NREC 20000u
 #define KEYLEN 8
@@ -1136,6 +1140,78 @@ static int t_fork(lfile *f)
     return 0;
 }
 
+/* ---- device: which slow reads mean storage ------------------------------ */
+
+/* A source that answers like f's file, each read 300 us late: storage
+ * behind a network or FUSE filesystem, or a busy machine's descheduled
+ * reads.  counted: what the posix source would say of a file on a block
+ * device (the OS counts its storage reads as blocks read in). */
+typedef struct slow_src {
+    lio_source inner;
+} slow_src;
+
+static int64_t slow_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+    slow_src *s = ctx;
+    sleep_us(300);
+    return s->inner.read(s->inner.ctx, off, buf, len);
+}
+
+static int64_t slow_size(void *ctx)
+{
+    slow_src *s = ctx;
+    return s->inner.size(s->inner.ctx);
+}
+
+/* Lookups of leaves not in lmdbio's cache, each read late.  Where the OS
+ * does not count the source's reads (counted 0: NFS, FUSE, MPI-IO), the
+ * time alone decides: the env takes its reads as the storage's and reads
+ * around the pages it misses.  Where it counts them (counted 1) and its
+ * count did not move (this file sits in the OS's cache: slow only because
+ * late), they are a busy machine's, not storage: no read-around. */
+static int t_device(lfile *f)
+{
+    for (int counted = 0; counted < 2; counted++) {
+        slow_src s;
+        lio_source src;
+        lio_env *env = NULL;
+        lio_meta snap;
+        lio_error err;
+        int device = 0;
+        s.inner = f->src;
+        memset(&src, 0, sizeof src);
+        src.ctx = &s;
+        src.read = slow_read;
+        src.size = slow_size;
+        src.align = 1;
+        src.counted_reads = counted;
+        set_case("device/%s/counted=%d", f->label, counted);
+        LIO_OK(lio_env_open(&env, &src, (size_t)4 << 20, 0, &err), &err);
+        if (lio_env_snapshot(env, 0, &snap, &err)) {
+            fail("snapshot: %s", err.msg);
+            lio_env_close(env);
+            return 0;
+        }
+        /* leaves far apart: none read around by another's miss */
+        for (uint64_t k = 0; k < 6 && !device; k++) {
+            uint64_t leaf = f->idx->leaf_pgno[k * (f->idx->nleaves - 1) / 5];
+            lio_page *pg;
+            if (lio_page_get(env, &snap, leaf, LIO_GET_AROUND, &pg, &err)) {
+                fail("page %llu: %s", (unsigned long long)leaf, err.msg);
+                break;
+            }
+            lio_page_unpin(env, pg);
+            device = lio_env_from_device(env);
+        }
+        if (device != !counted)
+            fail("slow reads of a source the OS %s count: %s", counted
+                 ? "does" : "does not", device ? "taken as the storage's"
+                 : "not taken as the storage's");
+        lio_env_close(env);
+    }
+    return 0;
+}
+
 /* ---- driver ---------------------------------------------------------------------- */
 
 static const struct {
@@ -1147,6 +1223,7 @@ static const struct {
     {"stop", t_stop},
     {"stop_thread", t_stop_thread},
     {"fork", t_fork},
+    {"device", t_device},
 };
 #define NTESTS (sizeof tests / sizeof *tests)
 
@@ -1171,7 +1248,7 @@ int main(int argc, char **argv)
     }
     if (!any) {
         fprintf(stderr, "test_pipeline: no test named (tests: whole begun "
-                "stop stop_thread fork)\n0/0 passed\n");
+                "stop stop_thread fork device)\n0/0 passed\n");
         return 0;
     }
     memset(&sa, 0, sizeof sa);
