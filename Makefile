@@ -106,6 +106,11 @@ check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 	else \
 		echo "lmdb-utils: absent (tests that need mdb_load/mdb_dump/mdb_stat are skipped; apt-get install lmdb-utils)"; \
 	fi
+	@if ls /usr/lib/*/libfuse.so.2 >/dev/null 2>&1 && [ -e /dev/fuse ]; then \
+		echo "libfuse2: found (tests over the FUSE emulation of a network filesystem run as root)"; \
+	else \
+		echo "libfuse2 or /dev/fuse: absent (tests/test_network_fs.py is skipped; apt-get install libfuse2 fuse)"; \
+	fi
 
 demo: $(INSTALL_STAMP)
 	$(VPY) scripts/demo.py

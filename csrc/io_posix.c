@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -686,36 +687,86 @@ int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
     return LIO_SUCCESS;
 }
 
+/* Is the page at `at` in the OS's cache?  Read one byte without blocking
+ * (RWF_NOWAIT).  Where the kernel cannot (FUSE: EOPNOTSUPP) and the file
+ * has no device of its own, one byte read and timed: a cached page comes
+ * in a microsecond or two, the storage's in a round trip (a read that
+ * brings it in does what the region's read would do anyway).  Elsewhere
+ * without RWF_NOWAIT: taken as not cached (the advice is then cheap). */
+#define PROBE_CACHED_NS 20000u
+static int page_cached(lio_pool *pool, uint64_t at)
+{
+    uint8_t byte;
+    struct iovec v = {&byte, 1};
+    struct timespec t0, t1;
+    ssize_t n;
+    if (!pool->no_nowait) {
+        n = preadv2(pool->p->fd, &v, 1, (off_t)at, RWF_NOWAIT);
+        if (n == 1)
+            return 1;
+        if (n >= 0 || errno == EAGAIN || errno == EINTR)
+            return 0;
+        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
+    }
+    if (pool->p->block_device)
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    n = pread(pool->p->fd, &byte, 1, (off_t)at);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return n == 1 && (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+                                (t1.tv_nsec - t0.tv_nsec)) < PROBE_CACHED_NS;
+}
+
 /* Does the page cache seem to hold [off, off+len)?  A few of its pages,
- * spread over it (the part inside the file), read without blocking.
+ * spread over it (the part inside the file), probed (page_cached).
  * Asking the kernel to read ahead a cached region costs it a lookup of
- * every page (measured: 4-5% of a hot epoch's CPU, for nothing); a probe
- * costs a microsecond.  A region whose probed pages are all cached is
- * taken as cached: a page missing between them is read by the window that
- * needs it, many requests in flight. */
+ * every page (measured: 4-5% of a hot epoch's CPU, for nothing), and
+ * reading it for real (read_region) a copy of it; a probe costs a
+ * microsecond.  A region whose probed pages are all cached is taken as
+ * cached: a page missing between them is read by the window that needs
+ * it, many requests in flight. */
 #define PROBES 4
 static int region_cached(lio_pool *pool, uint64_t off, uint64_t len)
 {
-    uint8_t byte;
     struct stat st;
-    if (pool->no_nowait || pool->p->fault.mode != FI_NONE || len == 0 ||
+    if ((pool->no_nowait && pool->p->block_device) ||
+        pool->p->fault.mode != FI_NONE || len == 0 ||
         pool->pid != getpid() || fstat(pool->p->fd, &st) < 0)
         return 0;
     if (off >= (uint64_t)st.st_size)
         return 1;   /* nothing there to read ahead */
     if (len > (uint64_t)st.st_size - off)
         len = (uint64_t)st.st_size - off;
-    for (unsigned i = 0; i < PROBES; i++) {
-        struct iovec v = {&byte, 1};
-        ssize_t n = preadv2(pool->p->fd, &v, 1,
-                            (off_t)(off + (len - 1) / (PROBES - 1) * i),
-                            RWF_NOWAIT);
-        if (n < 0 && errno != EAGAIN && errno != EINTR)
-            pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
-        if (n != 1)
+    for (unsigned i = 0; i < PROBES; i++)
+        if (!page_cached(pool, off + (len - 1) / (PROBES - 1) * i))
             return 0;
-    }
     return 1;
+}
+
+/* A region asked for (WILLNEED) of a file with no device of its own,
+ * read for real, its requests in flight on the pool's threads.  Such
+ * filesystems may drop the advice: FUSE drops read-ahead while its queue
+ * is busy (measured: 1 request for 64 MiB advised), and then every page
+ * is a request of its own, each a network round trip.  The bytes land in
+ * the threads' sinks: only the OS's cache keeps them. */
+#define ADVISE_READ (128u << 10)
+static void read_region(lio_pool *pool, uint64_t off, uint64_t len)
+{
+    lio_plan plan;
+    lio_error err;
+    /* (its sink: where a thread reads when it has none of its own) */
+    lio_plan_init(&plan, ADVISE_READ, ADVISE_READ);
+    if (!plan.sink)
+        return;   /* out of memory: the advice is optional */
+    for (uint64_t at = off; at < off + len; at += ADVISE_READ) {
+        uint64_t n = off + len - at < ADVISE_READ ? off + len - at
+                                                   : ADVISE_READ;
+        if (lio_plan_add(&plan, at, plan.sink, (size_t)n))
+            break;   /* (out of memory: the advice is optional) */
+    }
+    if (plan.nreads)
+        (void)run_reads(pool, &plan, NULL, plan.nreads, &err);
+    lio_plan_free(&plan);
 }
 
 /* The page cache's advice calls (no effect, and no harm, under O_DIRECT). */
@@ -730,6 +781,16 @@ static void pool_advise(void *ctx, uint64_t off, uint64_t len, int advice)
                            1, __ATOMIC_RELAXED);
         if (cached)
             return;
+        if (!pool->p->block_device && pool->pid == getpid() &&
+            pool->p->fault.mode == FI_NONE) {
+            struct stat st;
+            if (fstat(pool->p->fd, &st) == 0 && off < (uint64_t)st.st_size) {
+                if (len > (uint64_t)st.st_size - off)
+                    len = (uint64_t)st.st_size - off;
+                read_region(pool, off, len);
+                return;
+            }
+        }
     }
     (void)posix_fadvise(pool->p->fd, (off_t)off, (off_t)len,
                         advice == LIO_ADVISE_DONTNEED ? POSIX_FADV_DONTNEED
