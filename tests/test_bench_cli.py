@@ -400,3 +400,11 @@ def test_limits_rejects_what_it_cannot_read(tmp_path):
         mod.parse("seq_pread 1 fast\n")
     assert mod.parse("fault 1 1.5 us\n") == [
         dict(name="fault", threads=1, value=1.5, unit="us")]
+
+
+def test_bench_netfs_says_what_it_needs(tmp_path):
+    """benches/bench_netfs.py on a directory with no database: one line."""
+    script, _ = _bench_script("bench_netfs.py")
+    p = subprocess.run([sys.executable, script, str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=60)
+    _one_line_error(p, "no such file", "LMDB environment directory")
