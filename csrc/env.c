@@ -6,6 +6,7 @@
  * lio_parse_meta_header, lio_check_snapshot), pager.c (lio_read_range,
  * lio_env_close) and the lio_source it is given. */
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "core.h"
 
@@ -165,6 +166,13 @@ int lio_env_open(lio_env **out, const lio_source *src, size_t cache_bytes,
     env->readahead_pages = readahead_bytes / env->psize;
     if (env->readahead_pages > env->max_pages / 4)
         env->readahead_pages = env->max_pages / 4;
+    {
+        /* pager.c compares the blocks read in since its last look: the
+         * process's reads before this env are not its file's */
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0)
+            env->inblock = ru.ru_inblock;
+    }
     *out = env;
     return LIO_SUCCESS;
 fail:
