@@ -77,7 +77,6 @@ static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
     return LIO_SUCCESS;
 }
 
-
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
 {
     /* (acquired: a begun index may be counted further meanwhile, and
