@@ -8,8 +8,8 @@ the pages they miss), and it may drop read-ahead advice (FUSE does while
 its queue is busy), so the Reader reads the regions it would advise.  Each
 test checks the records against py-lmdb's and the requests against the
 pages read: without these, a cold lookup or a Reader's leaf was a request
-of its own (53.6k requests for a 320 MB walk).  Hot, a region the OS cache
-holds is neither advised nor read again."""
+of its own (53.6k requests for a 320 MB walk).  Hot, a probe finds the
+regions in the OS cache, and no request reaches the mount."""
 
 from __future__ import annotations
 
