@@ -717,28 +717,30 @@ static int page_cached(lio_pool *pool, uint64_t at)
                                 (t1.tv_nsec - t0.tv_nsec)) < PROBE_CACHED_NS;
 }
 
-/* Does the page cache seem to hold [off, off+len)?  A few of its pages,
- * spread over it (the part inside the file), probed (page_cached).
+/* Does the page cache seem to hold [off, off + *len)?  A few of its
+ * pages, spread over it (the part inside the file), probed (page_cached).
  * Asking the kernel to read ahead a cached region costs it a lookup of
  * every page (measured: 4-5% of a hot epoch's CPU, for nothing), and
  * reading it for real (read_region) a copy of it; a probe costs a
  * microsecond.  A region whose probed pages are all cached is taken as
  * cached: a page missing between them is read by the window that needs
- * it, many requests in flight. */
+ * it, many requests in flight.  1: cached (or past the file's end); 0:
+ * not, *len cut to the file's end; -1: not probed (no probe here, or the
+ * file cannot be sized), *len as it was. */
 #define PROBES 4
-static int region_cached(lio_pool *pool, uint64_t off, uint64_t len)
+static int region_cached(lio_pool *pool, uint64_t off, uint64_t *len)
 {
     struct stat st;
     if ((pool->no_nowait && pool->p->block_device) ||
-        pool->p->fault.mode != FI_NONE || len == 0 ||
+        pool->p->fault.mode != FI_NONE || *len == 0 ||
         pool->pid != getpid() || fstat(pool->p->fd, &st) < 0)
-        return 0;
+        return -1;
     if (off >= (uint64_t)st.st_size)
         return 1;   /* nothing there to read ahead */
-    if (len > (uint64_t)st.st_size - off)
-        len = (uint64_t)st.st_size - off;
+    if (*len > (uint64_t)st.st_size - off)
+        *len = (uint64_t)st.st_size - off;
     for (unsigned i = 0; i < PROBES; i++)
-        if (!page_cached(pool, off + (len - 1) / (PROBES - 1) * i))
+        if (!page_cached(pool, off + (*len - 1) / (PROBES - 1) * i))
             return 0;
     return 1;
 }
@@ -776,20 +778,16 @@ static void pool_advise(void *ctx, uint64_t off, uint64_t len, int advice)
     if (pool->p->align > 1)
         return;
     if (advice == LIO_ADVISE_WILLNEED) {
-        int cached = region_cached(pool, off, len);
-        __atomic_add_fetch(cached ? &pool->advice_skipped : &pool->advised,
+        int cached = region_cached(pool, off, &len);
+        __atomic_add_fetch(cached == 1 ? &pool->advice_skipped
+                                       : &pool->advised,
                            1, __ATOMIC_RELAXED);
-        if (cached)
+        if (cached == 1)
             return;
-        if (!pool->p->block_device && pool->pid == getpid() &&
-            pool->p->fault.mode == FI_NONE) {
-            struct stat st;
-            if (fstat(pool->p->fd, &st) == 0 && off < (uint64_t)st.st_size) {
-                if (len > (uint64_t)st.st_size - off)
-                    len = (uint64_t)st.st_size - off;
-                read_region(pool, off, len);
-                return;
-            }
+        /* (probed: this process's file, no fault hook, len within it) */
+        if (cached == 0 && !pool->p->block_device) {
+            read_region(pool, off, len);
+            return;
         }
     }
     (void)posix_fadvise(pool->p->fd, (off_t)off, (off_t)len,
