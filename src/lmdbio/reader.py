@@ -300,10 +300,11 @@ def _data_path(path, subdir):
 
 # Readers whose lane locks (and Python lanes' conditions) a fork must not
 # copy held: a thread holds them while it reads without the GIL, and the
-# child, which has not that thread, would wait for them forever.  The fork waits for each (at most
-# _FORK_WAIT seconds: a lock it cannot get is left as it is), which also
-# keeps a consumer from starting its C lanes again between their stop
-# (_bulk's hook, which runs after this one) and the fork.
+# child, which has not that thread, would wait for them forever.  The
+# fork waits for each (at most _FORK_WAIT seconds: a lock it cannot get
+# is left as it is), which also keeps a consumer from starting its C
+# lanes again between their stop (_bulk's hook, which runs after this
+# one) and the fork.
 _open_readers = weakref.WeakSet()
 _FORK_WAIT = 10.0
 _held_for_fork = []
