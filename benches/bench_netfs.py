@@ -7,12 +7,13 @@ adding DELAY to each read request and counting the requests; needs root,
 libfuse2 and fusepy), reads its backing file once so that the emulated
 storage costs exactly the delay, then runs each peer in a fresh process per
 round, interleaved, with the mount's cached pages dropped before each run
-(POSIX_FADV_DONTNEED on the mounted file):
+(POSIX_FADV_DONTNEED on the mounted file).  The peers are ``lmdbio
+bench``'s, run as it runs them (src/lmdbio/bench.py: imports untimed, open
+included):
 
 - ``py-lmdb walk`` / ``lmdbio walk``: ``for k, v in txn.cursor()``;
-- ``py-lmdb get`` / ``lmdbio get``: ``txn.get`` of GETS keys in a shuffled
-  order (the database's keys must be ``b"%08d" % i``, as benches/datasets.py
-  writes them);
+- ``py-lmdb get`` / ``lmdbio get``: ``txn.get`` of the first GETS keys of
+  the Reader's shuffled order;
 - ``Reader key order`` / ``Reader shuffled``: one epoch, later start (the
   index cached by a run before the rounds).
 
@@ -28,62 +29,25 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-WALK = r'''
-import sys, time
-m = __import__(sys.argv[2])
-t0 = time.perf_counter()
-env = m.open(sys.argv[1], readonly=True, lock=False)
-n = 0
-with env.begin() as txn:
-    for k, v in txn.cursor():
-        n += 1
-env.close()
-print(time.perf_counter() - t0)
-'''
+import benchlib  # noqa: E402
 
-GET = r'''
-import random, sys, time
-m = __import__(sys.argv[2])
-n, gets = int(sys.argv[3]), int(sys.argv[4])
-keys = [b"%08d" % i for i in range(n)]
-random.Random(0).shuffle(keys)
-keys = keys[:gets]
-t0 = time.perf_counter()
-env = m.open(sys.argv[1], readonly=True, lock=False)
-with env.begin() as txn:
-    for k in keys:
-        if txn.get(k) is None:
-            sys.exit("key %r is missing: keys must be b'%%08d' %% i" % k)
-env.close()
-print(time.perf_counter() - t0)
-'''
+bench = benchlib.bench   # the peers and fresh-process runs of lmdbio bench
 
-READER = r'''
-import sys, time
-import lmdbio
-lmdbio.Reader   # (the Reader's modules imported before timing)
-t0 = time.perf_counter()
-with lmdbio.Reader(sys.argv[1], index_cache=sys.argv[2],
-                   shuffle=sys.argv[3] == "1", seed=0) as r:
-    for b in r:
-        pass
-print(time.perf_counter() - t0)
-'''
-
-
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+# (name, lmdbio bench's peer, the peer it is compared with)
+PEERS = [
+    ("py-lmdb walk", "py-lmdb", "py-lmdb walk"),
+    ("lmdbio walk", "lmdbio", "py-lmdb walk"),
+    ("Reader key order", "lmdbio-reader", "py-lmdb walk"),
+    ("Reader shuffled", "lmdbio-shuffled", "py-lmdb walk"),
+    ("py-lmdb get", "py-lmdb-get", "py-lmdb get"),
+    ("lmdbio get", "lmdbio-get", "py-lmdb get"),
+]
 
 
 def main(argv=None) -> int:
@@ -108,53 +72,47 @@ def main(argv=None) -> int:
     except (ImportError, OSError) as exc:
         raise SystemExit(f"bench_netfs: {exc} (pip install fusepy; "
                          f"apt-get install libfuse2 fuse)")
-    import lmdb
-    env = lmdb.open(a.dir, readonly=True, lock=False)
-    n = env.stat()["entries"]
-    env.close()
+    n = bench.describe(a.dir)["records"]
     with open(data, "rb") as f:     # the backing file in the host's cache
         while f.read(8 << 20):
             pass
     work = tempfile.mkdtemp(prefix="bench_netfs-")
-    mnt, cache = os.path.join(work, "mnt"), os.path.join(work, "index")
-    py = sys.executable
-    peers = [
-        ("py-lmdb walk", [WALK, "{m}", "lmdb"], "py-lmdb walk"),
-        ("lmdbio walk", [WALK, "{m}", "lmdbio"], "py-lmdb walk"),
-        ("Reader key order", [READER, "{m}", cache, "0"], "py-lmdb walk"),
-        ("Reader shuffled", [READER, "{m}", cache, "1"], "py-lmdb walk"),
-        ("py-lmdb get", [GET, "{m}", "lmdb", str(n), str(a.gets)],
-         "py-lmdb get"),
-        ("lmdbio get", [GET, "{m}", "lmdbio", str(n), str(a.gets)],
-         "py-lmdb get"),
-    ]
-    times = {p: [] for p, _, _ in peers}
-    reqs = {p: [] for p, _, _ in peers}
+    mnt = os.path.join(work, "mnt")
+    keys = bench.all_keys(bench.pylmdb_module(), a.dir)
+    keys = [keys[i] for i in bench.shuffled_order(len(keys)).tolist()]
+    keys_file = os.path.join(work, "keys.bin")
+    bench.save_keys(keys[:a.gets], keys_file)
+    expect = {"py-lmdb-get": min(a.gets, n), "lmdbio-get": min(a.gets, n)}
+    times = {name: [] for name, _, _ in PEERS}
+    reqs = {name: [] for name, _, _ in PEERS}
     try:
         with LatencyMount(a.dir, mnt, delay_ms=a.delay_ms) as m:
-            mdata = os.path.join(mnt, "data.mdb")
 
-            def run(args):
-                drop(mdata)
+            def run(peer):
+                # only the mount's pages: the backing file stays cached
+                bench.drop_cache(mnt, method="fadvise")
                 r0 = m.stats()["requests"]
-                p = subprocess.run([py, "-c"] + [x.format(m=mnt) for x in args],
-                                   capture_output=True, text=True)
-                if p.returncode:
-                    raise SystemExit(f"bench_netfs: {p.stderr.strip()}")
-                return float(p.stdout.split()[-1]), m.stats()["requests"] - r0
+                res = bench.run_fresh(dict(
+                    peer=peer, path=mnt, index_cache=os.path.join(
+                        work, "index"), keys_file=keys_file))
+                if res["count"] != expect.get(peer, n):
+                    raise SystemExit(f"bench_netfs: {peer} read "
+                                     f"{res['count']} records, expected "
+                                     f"{expect.get(peer, n)}")
+                return res["seconds"], m.stats()["requests"] - r0
 
-            for shuffle in ("0", "1"):   # the Reader's index, cached
-                run([READER, mnt, cache, shuffle])
+            for peer in ("lmdbio-reader", "lmdbio-shuffled"):
+                run(peer)   # the Reader's index, cached: later starts
             for k in range(a.rounds):
-                for name, args, _ in (peers if k % 2 == 0 else peers[::-1]):
-                    t, r = run(args)
+                for name, peer, _ in (PEERS if k % 2 == 0 else PEERS[::-1]):
+                    t, r = run(peer)
                     times[name].append(t)
                     reqs[name].append(r)
                 print(f"round {k + 1}/{a.rounds}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = []
-    for name, _, base in peers:
+    for name, _, base in PEERS:
         ratio = [b / t for b, t in zip(times[base], times[name])]
         rows.append(dict(peer=name, seconds=statistics.median(times[name]),
                          requests=int(statistics.median(reqs[name])),
