@@ -205,6 +205,12 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
  * allocating) when the range passes the end of the file. */
 int lio_read_range(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
                    const uint8_t **data, uint64_t pgno, lio_error *err);
+/* len bytes at off into buf, through the OS's cache where the source
+ * has a way around its bypass (lio_source.read_cached): small reads made
+ * again and again, as the meta pages.  Fails when the range passes the
+ * end of the file. */
+int lio_read_small(lio_env *env, uint64_t off, size_t len, uint8_t *buf,
+                   uint64_t pgno, lio_error *err);
 /* Like lio_read_range into a caller-kept growing buffer (reused). */
 int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
                   size_t *cap, const uint8_t **data, uint64_t pgno,

@@ -4,7 +4,7 @@
  * Layer 4 of the core (after errors, page format and page cache).
  * May call: errors.c (lio_fail*), format.c (lio_parse_meta,
  * lio_parse_meta_header, lio_check_snapshot), pager.c (lio_read_range,
- * lio_env_close) and the lio_source it is given. */
+ * lio_read_small, lio_env_close) and the lio_source it is given. */
 #include <stdlib.h>
 #include <sys/resource.h>
 
@@ -12,12 +12,11 @@
 
 static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
 {
-    uint8_t *buf = NULL;
-    const uint8_t *data;
+    uint8_t data[META_END];
     int rc;
     for (int i = 0; i < 2; i++) {
         uint64_t off = (uint64_t)i * env->psize;
-        if ((rc = lio_read_range(env, off, META_END, &buf, &data, i, err))) {
+        if ((rc = lio_read_small(env, off, META_END, data, i, err))) {
             if (rc == LIO_PAGE_NOTFOUND)
                 rc = lio_fail(err, LIO_INVALID, i,
                               "meta page %d is past the end of the file "
@@ -26,7 +25,6 @@ static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
             return rc;
         }
         rc = lio_parse_meta(data, META_END, i, &metas[i], err);
-        free(buf);
         if (rc)
             return rc;
         if (metas[i].psize != env->psize)

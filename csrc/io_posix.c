@@ -90,6 +90,7 @@ static int fault_for(fault_spec *f, uint64_t off, size_t len)
 
 struct lio_posix {
     int fd;
+    int cached_fd;      /* O_DIRECT: the same file through the OS cache */
     size_t align;
     int block_device;   /* the file lives on one (see lio_source) */
     fault_spec fault;
@@ -181,6 +182,40 @@ static int64_t posix_readv(void *ctx, uint64_t off, const lio_seg *segs,
     return read_retried(ctx, iov, (int)nseg, off);
 }
 
+/* The meta pages of an O_DIRECT source, re-read after every window of a
+ * reader without a reader slot: through the OS cache, not a request to
+ * the device each time (lio_source.read_cached). */
+static int64_t posix_read_cached(void *ctx, uint64_t off, void *buf,
+                                 size_t len)
+{
+    lio_posix *p = ctx;
+    int eintr = 0;
+    for (;;) {
+        ssize_t n = pread(p->cached_fd, buf, len, (off_t)off);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR && eintr++ < EINTR_RETRIES)
+            continue;
+        return -errno;
+    }
+}
+
+/* A second open of path through the OS cache, if it is the file fd has
+ * open (else -1: the source reads everything with O_DIRECT). */
+static int open_cached(const char *path, int fd)
+{
+    struct stat a, b;
+    int c = open(path, O_RDONLY | O_CLOEXEC);
+    if (c < 0)
+        return -1;
+    if (fstat(c, &a) < 0 || fstat(fd, &b) < 0 || a.st_dev != b.st_dev ||
+        a.st_ino != b.st_ino) {
+        close(c);
+        return -1;
+    }
+    return c;
+}
+
 static int64_t posix_size(void *ctx)
 {
     lio_posix *p = ctx;
@@ -204,6 +239,7 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
     if (!p)
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     p->align = 1;
+    p->cached_fd = -1;
 #ifdef LMDBIO_FAULT_INJECTION
     fault_parse(&p->fault);
 #endif
@@ -247,6 +283,9 @@ int lio_posix_open(lio_posix **out, const char *path, int direct,
         p->align = 4096;
         if (st.st_blksize > 4096 && (st.st_blksize & (st.st_blksize - 1)) == 0)
             p->align = (size_t)st.st_blksize;
+        /* (the fault hook's reads all go through fd) */
+        if (p->fault.mode == FI_NONE)
+            p->cached_fd = open_cached(path, p->fd);
     }
     *out = p;
     return LIO_SUCCESS;
@@ -260,6 +299,7 @@ void lio_posix_get_source(lio_posix *p, lio_source *src)
     src->align = p->align;
     src->readv = posix_readv;
     src->counted_reads = p->block_device;
+    src->read_cached = p->cached_fd >= 0 ? posix_read_cached : NULL;
 }
 
 void lio_posix_close(lio_posix *p)
@@ -267,6 +307,8 @@ void lio_posix_close(lio_posix *p)
     if (!p)
         return;
     close(p->fd);
+    if (p->cached_fd >= 0)
+        close(p->cached_fd);
     free(p);
 }
 

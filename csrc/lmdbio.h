@@ -98,6 +98,13 @@ typedef struct lio_source {
      * block device.  Zero (a network or FUSE filesystem, memory, MPI-IO):
      * a slow read is taken as one from storage on its time alone. */
     int counted_reads;
+    /* Optional (NULL: `read` serves every read): read up to len bytes at
+     * off into buf through the OS's cache, at any offset and length, for a
+     * source whose `read` bypasses it (O_DIRECT).  Used for the meta
+     * pages, which a reader without a reader slot re-reads after every
+     * window to see a writer's commits: from the cache that is a copy of
+     * a few hundred bytes, from the device a request each time. */
+    int64_t (*read_cached)(void *ctx, uint64_t off, void *buf, size_t len);
 } lio_source;
 
 /* One B+tree's record (MDB_db, 48 bytes on disk). */

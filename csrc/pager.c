@@ -165,8 +165,10 @@ int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
  * request for all the segments where the source can scatter; a short read
  * is continued. */
 static int read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
-                     size_t nseg, size_t need, uint64_t pgno, lio_error *err)
+                     size_t nseg, size_t need, uint64_t pgno, int cached,
+                     lio_error *err)
 {
+    size_t align = cached ? 1 : env->align;
     lio_seg s[LIO_READV_MAX];
     size_t done = 0, i = 0;
     int eofs = 0;
@@ -180,9 +182,14 @@ static int read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
             i++;
         if (i == nseg)
             break;
-        n = nseg - i > 1 && env->src.readv
-            ? env->src.readv(env->src.ctx, off + done, s + i, nseg - i)
-            : env->src.read(env->src.ctx, off + done, s[i].dst, s[i].len);
+        if (cached)
+            n = env->src.read_cached(env->src.ctx, off + done, s[i].dst,
+                                     s[i].len);
+        else
+            n = nseg - i > 1 && env->src.readv
+                ? env->src.readv(env->src.ctx, off + done, s + i, nseg - i)
+                : env->src.read(env->src.ctx, off + done, s[i].dst,
+                                s[i].len);
         if (n < 0)
             return lio_fail_sys(err, (int)-n, off + done, "read failed");
         if (n == 0) {
@@ -213,7 +220,7 @@ static int read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
             if (s[i].len == 0)
                 i++;
         }
-        if (done < need && ((off + done) % env->align || done % env->align))
+        if (done < need && ((off + done) % align || done % align))
             return lio_fail_sys(err, EIO, off + done, "short unaligned read");
     }
     return LIO_SUCCESS;
@@ -223,7 +230,26 @@ static int read_exact(lio_env *env, uint64_t off, uint8_t *buf, size_t len,
                       size_t need, uint64_t pgno, lio_error *err)
 {
     lio_seg seg = {buf, len};
-    return read_segs(env, off, &seg, 1, need, pgno, err);
+    return read_segs(env, off, &seg, 1, need, pgno, 0, err);
+}
+
+int lio_read_small(lio_env *env, uint64_t off, size_t len, uint8_t *buf,
+                   uint64_t pgno, lio_error *err)
+{
+    uint8_t *tmp;
+    const uint8_t *data;
+    lio_seg seg = {buf, len};
+    int rc;
+    if (!env->src.read_cached) {
+        if ((rc = lio_read_range(env, off, len, &tmp, &data, pgno, err)))
+            return rc;
+        memcpy(buf, data, len);
+        free(tmp);
+        return LIO_SUCCESS;
+    }
+    if ((rc = lio_check_extent(env, off, len, pgno, err)))
+        return rc;
+    return read_segs(env, off, &seg, 1, len, pgno, 1, err);
 }
 
 int lio_read_into(lio_env *env, uint64_t off, size_t len, uint8_t **buf,
@@ -368,7 +394,7 @@ int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
     if ((rc = lio_check_extent(env, off, len, pgno, err)))
         return rc;
     t0 = now_ns();
-    rc = read_segs(env, off, segs, nseg, len, pgno, err);
+    rc = read_segs(env, off, segs, nseg, len, pgno, 0, err);
     /* (as read-ahead batches: the OS cache serves a page in about a
      * microsecond) */
     note_read(env, now_ns() - t0 > DEVICE_READ_NS + 1000u * (len / env->psize));

@@ -1219,13 +1219,19 @@ def _accepts_o_direct(d):
         os.unlink(p)
 
 
-def test_direct_equals(tmp_path):
+def _o_direct_base(tmp_path):
+    """A new directory on a filesystem that accepts O_DIRECT (the caller
+    removes it); skips the test where none is available."""
     dirs = [str(tmp_path), "/var/tmp", "/dev/shm", "/tmp"]
     usable = [d for d in dirs if os.path.isdir(d) and _accepts_o_direct(d)]
     if not usable:
         pytest.skip("no filesystem available to the test accepts O_DIRECT "
                     "(tried %s)" % ", ".join(dirs))
-    base = tempfile.mkdtemp(dir=usable[0])
+    return tempfile.mkdtemp(dir=usable[0])
+
+
+def test_direct_equals(tmp_path):
+    base = _o_direct_base(tmp_path)
     try:
         plain = os.path.join(base, "plain")
         sizes = [0, 3, 700, 4096 - 16, 4097, 20000]
@@ -1244,6 +1250,63 @@ def test_direct_equals(tmp_path):
                 b = r.read(ix)
                 assert list(zip(b.keys.tolist(), b.values.tolist())) == \
                     [items[i] for i in ix]
+    finally:
+        shutil.rmtree(base)
+
+
+def _read_bytes():
+    """Bytes this process has had read from storage (/proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return dict(ln.split(": ") for ln in f.read().splitlines()
+                    )["read_bytes"]
+
+
+def test_direct_meta_checks_read_through_the_os_cache(tmp_path):
+    """Without a reader slot the Reader re-reads both meta pages after
+    every window (to see a writer's commits).  With O_DIRECT those reads
+    go through the OS cache: the storage sees the windows' own reads and
+    a few pages of the open, not two more pages a window; and the check
+    still sees a writer's commits."""
+    if not os.path.exists("/proc/self/io"):
+        pytest.skip("no /proc/self/io to count the bytes read from storage")
+    base = _o_direct_base(tmp_path)
+    try:
+        path = os.path.join(base, "env")
+        items = [(b"k%05d" % i, val_of(b"%d" % i, 300)) for i in range(3000)]
+        write_items(path, items)
+        cdir = os.path.join(base, "cache")
+        with lmdbio.Reader(path, direct=True, lock=False,
+                           index_cache=cdir) as r:
+            assert_epoch_equals(r, items, r.batch_size)  # (index cached)
+        with lmdbio.Reader(path, direct=True, lock=False, batch_size=10,
+                           prefetch_bytes=64 << 10, index_cache=cdir) as r:
+            assert r.index_from_cache
+            before = int(_read_bytes())
+            assert_epoch_equals(r, items, 10)
+            read = int(_read_bytes()) - before
+            _, window_bytes = r._file.stats()
+            windows = r.window_stats["windows"]
+        assert windows >= 50, r.window_stats
+        # (two 4 KiB meta pages a window from storage would be >= 400 KiB)
+        assert window_bytes <= read <= window_bytes + (64 << 10), \
+            (read, window_bytes, windows)
+        # the check still sees commits: two past the snapshot raise
+        r = lmdbio.Reader(path, direct=True, lock=False, batch_size=10,
+                          prefetch_bytes=64 << 10, index_cache=cdir)
+        try:
+            batches = iter(r)
+            next(batches)
+            wenv = lmdb.open(path, map_size=64 << 20)
+            for j in range(2):
+                with wenv.begin(write=True) as w:
+                    w.put(b"k%05d" % j, b"new")
+            wenv.close()
+            with pytest.raises(lmdbio.SnapshotChangedError) as ei:
+                for _ in batches:
+                    pass
+            assert ei.value.newest == ei.value.txnid + 2
+        finally:
+            r.close()
     finally:
         shutil.rmtree(base)
 
