@@ -12,7 +12,8 @@ from Python (what benches/bench_mpi.py does)::
     from fuse_latency import LatencyMount
     with LatencyMount("/data/small", "/tmp/node0", delay_ms=1.0) as m:
         ...  # read /tmp/node0/data.mdb
-        m.stats()  # -> dict(requests=..., bytes=..., sizes={...})
+        m.stats()  # -> dict(requests=..., bytes=..., sizes={...},
+                   #            max_inflight=...)
 
 Why: on one machine every process shares one page cache, so a local disk
 hides the seed paper's cost (every process's reads reaching storage, each a
@@ -63,6 +64,8 @@ def _make_ops(source: str, delay: float, mbps: float):
             self.opens = 0
             self.sizes = {}
             self.busy_s = 0.0
+            self.inflight = 0        # requests being served now
+            self.max_inflight = 0    # the most served at once so far
             self.started = time.time()
 
         def _full(self, path):
@@ -73,7 +76,8 @@ def _make_ops(source: str, delay: float, mbps: float):
                 d = dict(requests=self.requests, bytes=self.bytes,
                          opens=self.opens, sizes=dict(self.sizes),
                          delay_ms=delay * 1e3, mbps=mbps, pid=os.getpid(),
-                         source=self.root, busy_s=self.busy_s)
+                         source=self.root, busy_s=self.busy_s,
+                         max_inflight=self.max_inflight)
             return (json.dumps(d) + "\n").encode()
 
         # -- metadata ----------------------------------------------------
@@ -130,12 +134,16 @@ def _make_ops(source: str, delay: float, mbps: float):
             if fi.fh == 0:
                 return self._stats_blob()[offset:offset + size]
             t0 = time.perf_counter()
+            with self._mu:
+                self.inflight += 1
+                self.max_inflight = max(self.max_inflight, self.inflight)
             wait = delay + (size / (mbps * 1e6) if mbps > 0 else 0.0)
             if wait > 0:
                 time.sleep(wait)
             data = os.pread(fi.fh, size, offset)
             dt = time.perf_counter() - t0
             with self._mu:
+                self.inflight -= 1
                 self.requests += 1
                 self.bytes += len(data)
                 k = str(size)

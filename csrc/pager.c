@@ -646,14 +646,30 @@ static uint8_t *around_map(lio_env *env, const lio_meta *snap)
 #define PREFETCH_GAP (4u << 12)
 
 /* Plan `npages` pages from `pgno` into the around sink (bytes read only
- * so that the OS keeps them). */
+ * so that the OS keeps them), in pieces of at most the plan's largest
+ * read. */
 static int plan_sink(lio_env *env, uint64_t pgno, uint64_t npages)
 {
-    return npages ? lio_plan_add(&env->plan, pgno * env->psize,
-                                 env->around_sink,
-                                 (size_t)npages * env->psize)
-                  : LIO_SUCCESS;
+    uint64_t step = env->plan.max_read / env->psize;
+    int rc = LIO_SUCCESS;
+    if (step == 0)
+        step = 1;
+    while (npages && rc == LIO_SUCCESS) {
+        uint64_t n = npages < step ? npages : step;
+        rc = lio_plan_add(&env->plan, pgno * env->psize, env->around_sink,
+                          (size_t)n * env->psize);
+        pgno += n;
+        npages -= n;
+    }
+    return rc;
 }
+
+/* Storage with no device of its own (a network or FUSE filesystem: its
+ * reads are not counted as blocks read in) serves a large read as
+ * requests of its own size, one after the other, each a round trip.
+ * Read around in pieces of this size instead, all in flight at once
+ * (the size the kernel's read-ahead asks such a filesystem for). */
+#define NET_READ (128u << 10)
 
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n)
@@ -718,6 +734,9 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
      * at most a block, several in flight. */
     env->plan.max_read = (size_t)((device ? around_pages(env)
                                           : LIO_PREFETCH_MAX) * env->psize);
+    if (device && !env->src.counted_reads && env->ex.run &&
+        env->plan.max_read > NET_READ && NET_READ >= env->psize)
+        env->plan.max_read = NET_READ;
 
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
