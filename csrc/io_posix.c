@@ -205,7 +205,12 @@ static int64_t posix_read_cached(void *ctx, uint64_t off, void *buf,
 static int open_cached(const char *path, int fd)
 {
     struct stat a, b;
-    int c = open(path, O_RDONLY | O_CLOEXEC);
+    int c = -1;
+#ifdef O_NOATIME
+    c = open(path, O_RDONLY | O_CLOEXEC | O_NOATIME);   /* (as fd) */
+#endif
+    if (c < 0)
+        c = open(path, O_RDONLY | O_CLOEXEC);
     if (c < 0)
         return -1;
     if (fstat(c, &a) < 0 || fstat(fd, &b) < 0 || a.st_dev != b.st_dev ||
