@@ -593,12 +593,42 @@ static ssize_t preadv_nowait(int fd, const struct iovec *iov, int cnt,
 #endif
 }
 
+/* A small read of several segments (a mapped record's key and value)
+ * goes into a buffer on the stack in one segment, then is copied out: the
+ * kernel's cost of a second segment (0.10-0.13 us a read, measured in a C
+ * loop of random 830-byte reads) is more than copying a few KiB that the
+ * CPU's first-level cache holds.  The buffer starts where the file offset
+ * does within a cache line (the kernel's copy runs fastest so). */
+#define STAGE_MAX 4096u
+static int read_staged(lio_pool *pool, int fd, const lio_plan *plan,
+                       const lio_read *r)
+{
+    uint8_t buf[STAGE_MAX + 64] __attribute__((aligned(64)));
+    uint8_t *stage = buf + (r->off & 63);
+    struct iovec v = {stage, r->len};
+    size_t at = 0;
+    ssize_t n = preadv_nowait(fd, &v, 1, r->off);
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel */
+    if (n != (ssize_t)r->len)
+        return 0; /* not (all) cached: read it the blocking way */
+    for (size_t i = 0; i < r->nseg; i++) {
+        const lio_seg *sg = &plan->segs[r->first_seg + i];
+        if (sg->dst != plan->sink)
+            memcpy(sg->dst, stage + at, sg->len);
+        at += sg->len;
+    }
+    return 1;
+}
+
 static int read_cached(lio_pool *pool, int fd, const lio_plan *plan,
                        const lio_read *r)
 {
     struct iovec iov[MAX_IOV];
     uint64_t off = r->off, at = r->off, skipped = 0;
     size_t k = 0, want = 0;
+    if (r->nseg > 1 && r->len <= STAGE_MAX)
+        return read_staged(pool, fd, plan, r);
     if (r->nseg > MAX_IOV)
         return 0;
     for (size_t i = 0; i <= r->nseg; i++) {
