@@ -190,6 +190,14 @@ int lio_page_cached(lio_env *env, const lio_meta *snap, uint64_t pgno);
  * hint from the timing of recent reads, or lio_env_assume_device.) */
 int lio_env_from_device(lio_env *env);
 
+/* The read size for storage with no device of its own (a network or FUSE
+ * filesystem: lio_source.counted_reads is 0): it serves a larger read as
+ * requests of this size one after the other, a round trip each, so the
+ * page cache's read-around (pager.c) and a source's read of an advised
+ * region (io_posix.c) issue reads of this size, all in flight at once.
+ * 128 KiB: what the kernel's read-ahead asks such a filesystem for. */
+#define LIO_NET_READ (128u << 10)
+
 /* Read-ahead: bring the pages pgnos[0..n) that are not cached yet into the
  * cache, in one plan run by the env's executor (several reads in flight,
  * neighbours coalesced).  At most readahead_pages of them, and never a

@@ -851,23 +851,22 @@ static int region_cached(lio_pool *pool, uint64_t off, uint64_t *len)
 }
 
 /* A region asked for (WILLNEED) of a file with no device of its own,
- * read for real, its requests in flight on the pool's threads.  Such
- * filesystems may drop the advice: FUSE drops read-ahead while its queue
- * is busy (measured: 1 request for 64 MiB advised), and then every page
- * is a request of its own, each a network round trip.  The bytes land in
- * the threads' sinks: only the OS's cache keeps them. */
-#define ADVISE_READ (128u << 10)
+ * read for real, its requests (LIO_NET_READ each) in flight on the pool's
+ * threads.  Such filesystems may drop the advice: FUSE drops read-ahead
+ * while its queue is busy (measured: 1 request for 64 MiB advised), and
+ * then every page is a request of its own, each a network round trip.
+ * The bytes land in the threads' sinks: only the OS's cache keeps them. */
 static void read_region(lio_pool *pool, uint64_t off, uint64_t len)
 {
     lio_plan plan;
     lio_error err;
     /* (its sink: where a thread reads when it has none of its own) */
-    lio_plan_init(&plan, ADVISE_READ, ADVISE_READ);
+    lio_plan_init(&plan, LIO_NET_READ, LIO_NET_READ);
     if (!plan.sink)
         return;   /* out of memory: the advice is optional */
-    for (uint64_t at = off; at < off + len; at += ADVISE_READ) {
-        uint64_t n = off + len - at < ADVISE_READ ? off + len - at
-                                                   : ADVISE_READ;
+    for (uint64_t at = off; at < off + len; at += LIO_NET_READ) {
+        uint64_t n = off + len - at < LIO_NET_READ ? off + len - at
+                                                    : LIO_NET_READ;
         if (lio_plan_add(&plan, at, plan.sink, (size_t)n))
             break;   /* (out of memory: the advice is optional) */
     }

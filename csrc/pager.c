@@ -664,12 +664,6 @@ static int plan_sink(lio_env *env, uint64_t pgno, uint64_t npages)
     return rc;
 }
 
-/* Storage with no device of its own (a network or FUSE filesystem: its
- * reads are not counted as blocks read in) serves a large read as
- * requests of its own size, one after the other, each a round trip.
- * Read around in pieces of this size instead, all in flight at once
- * (the size the kernel's read-ahead asks such a filesystem for). */
-#define NET_READ (128u << 10)
 
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n)
@@ -735,8 +729,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     env->plan.max_read = (size_t)((device ? around_pages(env)
                                           : LIO_PREFETCH_MAX) * env->psize);
     if (device && !env->src.counted_reads && env->ex.run &&
-        env->plan.max_read > NET_READ && NET_READ >= env->psize)
-        env->plan.max_read = NET_READ;
+        env->plan.max_read > LIO_NET_READ && LIO_NET_READ >= env->psize)
+        env->plan.max_read = LIO_NET_READ;   /* (pieces in flight) */
 
     pthread_mutex_lock(&env->lock);
     file_pages = env->file_size / env->psize;
