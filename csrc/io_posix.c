@@ -576,21 +576,28 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
  * plan, and so what the storage sees and the request counts, stay the
  * same. */
 #define HOT_GAP (8u << 10)
-/* preadv2(RWF_NOWAIT) without the C library's wrapper, which makes every
- * call a cancellation point: two atomic updates of the thread's state
- * around each read, 3% of a shuffled epoch's CPU (a read per record; no
- * thread of ours is ever cancelled).  The offset goes as the kernel takes
- * it, its low and high halves of a long each. */
-static ssize_t preadv_nowait(int fd, const struct iovec *iov, int cnt,
-                             uint64_t off)
+/* Read want bytes at off into iov[0..cnt) only if the page cache holds
+ * them all (preadv2(RWF_NOWAIT)): 1 when it did.  A kernel or filesystem
+ * that refuses the flag (not EAGAIN: nothing cached) turns the probe off
+ * for the pool (no_nowait).  The call skips the C library's wrapper,
+ * which makes every call a cancellation point: two atomic updates of the
+ * thread's state around each read, 3% of a shuffled epoch's CPU (a read
+ * per record; no thread of ours is ever cancelled).  The offset goes as
+ * the kernel takes it, its low and high halves of a long each. */
+static int read_nowait(lio_pool *pool, int fd, const struct iovec *iov,
+                       int cnt, uint64_t off, size_t want)
 {
+    ssize_t n;
 #ifdef SYS_preadv2
     const unsigned half = sizeof(long) * 4;
-    return syscall(SYS_preadv2, fd, iov, cnt, (unsigned long)off,
-                   (unsigned long)(off >> half >> half), RWF_NOWAIT);
+    n = syscall(SYS_preadv2, fd, iov, cnt, (unsigned long)off,
+                (unsigned long)(off >> half >> half), RWF_NOWAIT);
 #else
-    return preadv2(fd, iov, cnt, (off_t)off, RWF_NOWAIT);
+    n = preadv2(fd, iov, cnt, (off_t)off, RWF_NOWAIT);
 #endif
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
+    return n == (ssize_t)want;
 }
 
 /* A small read of several segments (a mapped record's key and value)
@@ -607,10 +614,7 @@ static int read_staged(lio_pool *pool, int fd, const lio_plan *plan,
     uint8_t *stage = buf + (r->off & 63);
     struct iovec v = {stage, r->len};
     size_t at = 0;
-    ssize_t n = preadv_nowait(fd, &v, 1, r->off);
-    if (n < 0 && errno != EAGAIN && errno != EINTR)
-        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel */
-    if (n != (ssize_t)r->len)
+    if (!read_nowait(pool, fd, &v, 1, r->off, r->len))
         return 0; /* not (all) cached: read it the blocking way */
     for (size_t i = 0; i < r->nseg; i++) {
         const lio_seg *sg = &plan->segs[r->first_seg + i];
@@ -641,13 +645,10 @@ static int read_cached(lio_pool *pool, int fd, const lio_plan *plan,
             off += sg->len;
             continue;
         }
-        if (k) {   /* what comes before the gap (or the end) */
-            ssize_t n = preadv_nowait(fd, iov, (int)k, at);
-            if (n < 0 && errno != EAGAIN && errno != EINTR)
-                pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel */
-            if (n != (ssize_t)want)
-                return 0; /* not (all) cached: read it the blocking way */
-        }
+        /* what comes before the gap (or the end); if not (all) cached,
+         * it is read the blocking way */
+        if (k && !read_nowait(pool, fd, iov, (int)k, at, want))
+            return 0;
         if (!sg)
             break;
         skipped++;
@@ -806,12 +807,10 @@ static int page_cached(lio_pool *pool, uint64_t at)
     struct timespec t0, t1;
     ssize_t n;
     if (!pool->no_nowait) {
-        n = preadv2(pool->p->fd, &v, 1, (off_t)at, RWF_NOWAIT);
-        if (n == 1)
+        if (read_nowait(pool, pool->p->fd, &v, 1, at, 1))
             return 1;
-        if (n >= 0 || errno == EAGAIN || errno == EINTR)
-            return 0;
-        pool->no_nowait = 1; /* EOPNOTSUPP, EINVAL: an old kernel or fs */
+        if (!pool->no_nowait)
+            return 0;   /* not cached */
     }
     if (pool->p->block_device)
         return 0;
