@@ -195,6 +195,19 @@ def test_installed_command_needs_no_checkout(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+def test_later_start_of_a_shuffled_reader_alone(tmp_path):
+    """The later-start cache is filled before the rounds even when no
+    Reader in key order runs first (that one saves its index only as an
+    epoch reads it) and no content check ran a Reader before them."""
+    path = _make_env(tmp_path / "db", n=3000)
+    p = run_cli([path, "--fresh", "--no-verify", "--rounds", "1",
+                 "--modes", "hot", "-q",
+                 "--peers", "py-lmdb-get,lmdbio-shuffled"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "lmdbio-shuffled/later" in p.stdout
+    assert "lmdbio-shuffled/first" in p.stdout
+
+
 def _one_line_error(p, *words):
     assert p.returncode != 0, p
     assert "Traceback" not in p.stderr, p.stderr

@@ -741,11 +741,14 @@ class Suite:
             shutil.rmtree(spec["index_cache"], ignore_errors=True)
 
     def prime(self):
-        """Fill the later-start index cache (untimed)."""
+        """Fill the later-start index cache (untimed).  A shuffled Reader
+        builds and saves the whole index at its open; one in key order
+        would count the leaves only as an epoch reads them."""
         if any(r.form == "later" for r in self.rows):
             os.makedirs(self.later_dir, exist_ok=True)
             mod = lmdbio_module()
             with mod.Reader(self.path, batch_size=DEFAULT_BATCH, lock=False,
+                            shuffle=True, seed=0,
                             index_cache=self.later_dir):
                 pass
 
