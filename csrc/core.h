@@ -208,6 +208,12 @@ int lio_env_from_device(lio_env *env);
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n);
 
+/* From the device: ask the OS to read, in the background, the blocks
+ * around pages pgnos[0..n) that were not read around yet, except those
+ * near page `at` (where a walk is: the OS reads ahead of it there). */
+void lio_page_advise_around(lio_env *env, const lio_meta *snap, uint64_t at,
+                            const uint64_t *pgnos, size_t n);
+
 /* Read len bytes at file offset off into a buffer that the caller frees
  * with free(); *data points at the first wanted byte.  Fails (without
  * allocating) when the range passes the end of the file. */

@@ -61,12 +61,22 @@ struct lio_cursor {
     uint64_t adv_leaf;           /* runs advised so far: in this leaf, */
     unsigned adv_ki;             /* up to this node, */
     int adv_dir;                 /* walking this way */
+    size_t ahead;                /* leaves past a read-ahead batch whose
+                                  * blocks a walk asks for (0: the walk
+                                  * has just begun) */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
 {
     return lio_fail(&c->cur->err, code, pgno, "page %llu: %s",
                     (unsigned long long)pgno, what);
+}
+
+/* Pages of the overflow run of a size-byte value. */
+static uint64_t run_pages(const lio_cursor *cur, uint32_t size)
+{
+    return (PAGEHDRSZ + (uint64_t)size + cur->env->psize - 1) /
+           cur->env->psize;
 }
 
 /* ---- page stack ---------------------------------------------------------- */
@@ -125,28 +135,57 @@ static int check_in_tree(tcursor *c, const uint8_t *p, uint32_t size,
     return LIO_SUCCESS;
 }
 
+/* Up to max children of `parent` from slot *i on in direction dir into
+ * list; *more: whether any remain (then *i is the next). */
+static size_t children_from(const uint8_t *parent, unsigned *i, int *more,
+                            int dir, size_t max, uint64_t *list)
+{
+    unsigned n = pg_numkeys(parent);
+    size_t m = 0;
+    while (m < max && *more) {
+        list[m++] = nd_child(pg_node(parent, *i));
+        if (dir < 0 ? *i == 0 : *i + 1 >= n)
+            *more = 0;
+        else
+            *i = dir < 0 ? *i - 1 : *i + 1;
+    }
+    return m;
+}
+
 /* Read-ahead that follows the tree: entering leaf pgno (not cached) from
  * slot ki of its parent, walking in direction dir, read it together with
  * the parent's next leaves that way.  In key order, wherever they sit in
  * the file: neighbours are read in one request, the rest concurrently. */
 static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
 {
-    lio_env *env = c->cur->env;
+    lio_cursor *cur = c->cur;
+    lio_env *env = cur->env;
     const uint8_t *parent = c->pg[level - 1];
-    unsigned n = pg_numkeys(parent), i = c->ki[level - 1];
+    unsigned i = c->ki[level - 1];
+    int more = i < pg_numkeys(parent);
     uint64_t list[LIO_PREFETCH_MAX];
-    size_t m = 0, want = env->readahead_pages;
-    if (want < 2 || lio_page_cached(env, &c->cur->snap, pgno))
+    size_t m, want = env->readahead_pages;
+    if (want < 2 || lio_page_cached(env, &cur->snap, pgno))
         return;
     if (want > LIO_PREFETCH_MAX)
         want = LIO_PREFETCH_MAX;
-    while (m < want && i < n) {
-        list[m++] = nd_child(pg_node(parent, i));
-        if (dir < 0 && i == 0)
-            break;
-        i = dir < 0 ? i - 1 : i + 1;
-    }
-    lio_page_prefetch(env, &c->cur->snap, list, m);
+    m = children_from(parent, &i, &more, dir, want, list);
+    lio_page_prefetch(env, &cur->snap, list, m);
+    /* From the device, the leaves after these are asked for too, in the
+     * background (lio_page_advise_around: the blocks around them), twice
+     * as many each time the walk gets here, up to LIO_PREFETCH_MAX.
+     * Where key order is not file order a parent's leaves lie all over
+     * the file, and the walk read them a block at a time while it waited
+     * (cold, 200k records of 800 bytes inserted in random key order,
+     * fresh processes, medians of 5: 0.56 s against 0.67 before and
+     * py-lmdb's 0.59). */
+    if (!lio_env_from_device(env))
+        return;
+    cur->ahead = cur->ahead ? 2 * cur->ahead : want;
+    if (cur->ahead > LIO_PREFETCH_MAX)
+        cur->ahead = LIO_PREFETCH_MAX;
+    m = children_from(parent, &i, &more, dir, cur->ahead, list);
+    lio_page_advise_around(env, &cur->snap, pgno, list, m);
 }
 
 /* Put page pgno at stack slot `level` and make it the top.  dir: the walk
@@ -395,8 +434,7 @@ static void advise_runs(tcursor *c)
         if (!(nd_flags(nd) & F_BIGDATA))
             continue;
         first = ld64(nd_data(nd));
-        np = (PAGEHDRSZ + (uint64_t)nd_dsize(nd) + env->psize - 1) /
-             env->psize;
+        np = run_pages(cur, nd_dsize(nd));
         bytes += np * env->psize;
         if ((dir > 0 ? j <= cur->adv_ki : j >= cur->adv_ki) || first < 2 ||
             first > cur->snap.last_pg || np > cur->snap.last_pg - first + 1)
@@ -414,8 +452,7 @@ static void advise_runs(tcursor *c)
 static int check_run(lio_cursor *cur, const uint8_t *p, uint64_t pgno,
                      uint32_t size)
 {
-    uint64_t need = (PAGEHDRSZ + (uint64_t)size + cur->env->psize - 1) /
-                    cur->env->psize;
+    uint64_t need = run_pages(cur, size);
     if (pg_pgno(p) != pgno)
         return lio_fail(&cur->err, LIO_CORRUPTED, pgno, "page %llu: overflow "
                         "page carries another page number",
@@ -443,7 +480,7 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
     lio_env *env = cur->env;
     uint64_t pgno = ld64(nd_data(leaf));
     uint32_t size = nd_dsize(leaf);
-    uint64_t need = (PAGEHDRSZ + (uint64_t)size + env->psize - 1) / env->psize;
+    uint64_t need = run_pages(cur, size);
     const uint8_t *p;
     int rc, batch = 1;
 
@@ -980,6 +1017,8 @@ int lio_cursor_get(lio_cursor *cur, lio_val *key, lio_val *data,
     cur->walk = op == LIO_NEXT || op == LIO_NEXT_NODUP || op == LIO_FIRST ? 1
                 : op == LIO_PREV || op == LIO_PREV_NODUP || op == LIO_LAST
                 ? -1 : 0;
+    if (cur->walk == 0 || op == LIO_FIRST || op == LIO_LAST)
+        cur->ahead = 0;
     switch (op) {
     case LIO_GET_CURRENT:
         rc = cursor_current(c, key, data);
@@ -1125,8 +1164,7 @@ int lio_cursor_step(lio_cursor *cur, lio_val *key, lio_val *data, int forward)
         uint32_t size = nd_dsize(nd);
         if (!cur->defer || !forward || c->subpage || cur->ov_pin || !size)
             return 0;
-        need = (PAGEHDRSZ + (uint64_t)size + cur->env->psize - 1) /
-               cur->env->psize;
+        need = run_pages(cur, size);
         if (pgno < 2 || pgno > cur->snap.last_pg ||
             need > cur->snap.last_pg - pgno + 1)
             return 0;
@@ -1278,7 +1316,7 @@ size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
     n = pg_numkeys(p);
     i = c->ki[c->top];
     first = cur->pend_pgno;
-    end = cur->pend_pgno + (PAGEHDRSZ + cur->pend_size + psize - 1) / psize;
+    end = cur->pend_pgno + run_pages(cur, cur->pend_size);
     /* The node the cursor is on must be the pending value's. */
     if (i >= n || !(nd_flags(pg_node(p, i)) & F_BIGDATA) ||
         ld64(nd_data(pg_node(p, i))) != cur->pend_pgno)
@@ -1291,7 +1329,7 @@ size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
             continue;   /* in the leaf: no read */
         pgno = ld64(nd_data(nd));
         size = nd_dsize(nd);
-        need = (PAGEHDRSZ + (uint64_t)size + psize - 1) / psize;
+        need = run_pages(cur, size);
         /* in order, close behind, within the snapshot, and the span */
         if (!size || size > LIO_BATCH_VALUE_MAX || pgno < end ||
             pgno - end > BATCH_GAP_PAGES || pgno > cur->snap.last_pg ||
@@ -1543,8 +1581,7 @@ static int overflow_of(tcursor *t, const uint8_t *p, const lio_val *key,
     if ((nd_flags(nd) & (F_BIGDATA | F_DUPDATA)) != F_BIGDATA)
         return 0;
     *first = ld64(nd_data(nd));
-    *npages = (PAGEHDRSZ + (uint64_t)nd_dsize(nd) + t->cur->env->psize - 1) /
-              t->cur->env->psize;
+    *npages = run_pages(t->cur, nd_dsize(nd));
     return 1;
 }
 

@@ -805,6 +805,38 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_unlock(&env->ra_lock);
 }
 
+/* Blocks this close to the page a walk is on are left to the OS's own
+ * read-ahead, which follows reads in file order (asking for them too made
+ * a walk of an appended layout slower). */
+#define ADVISE_NEAR_BLOCKS 4
+
+void lio_page_advise_around(lio_env *env, const lio_meta *snap,
+                            uint64_t at, const uint64_t *pgnos, size_t n)
+{
+    lio_executor ex;
+    uint64_t here = at / around_pages(env);
+    /* (A source whose reads the OS does not count has no device to read
+     * ahead for it: its advice is a read of the region, made now.) */
+    if (!from_device(env) || env->align > 1 || !env->src.counted_reads)
+        return;
+    pthread_mutex_lock(&env->ra_lock);
+    ex = env->ex;
+    if (!ex.advise || !around_map(env, snap)) {
+        pthread_mutex_unlock(&env->ra_lock);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = pgnos[i] / around_pages(env);
+        if (pgnos[i] > snap->last_pg || around_done(env, b) ||
+            (b + ADVISE_NEAR_BLOCKS >= here && b <= here + ADVISE_NEAR_BLOCKS))
+            continue;
+        env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
+        ex.advise(ex.ctx, b * around_pages(env) * env->psize,
+                  around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
+    }
+    pthread_mutex_unlock(&env->ra_lock);
+}
+
 void lio_env_close(lio_env *env)
 {
     if (!env)

@@ -18,6 +18,7 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -251,6 +252,46 @@ def read_syscalls() -> int:
             if line.startswith("syscr:"):
                 return int(line.split()[1])
     raise AssertionError("no syscr in /proc/self/io")
+
+
+def os_cached(fd: int, off: int, length: int) -> Optional[bool]:
+    """Is [off, off+length) of file fd in the OS page cache?  Asked with
+    cachestat(2) (Linux 6.5), which reads nothing (a read, even one that
+    may not wait, would start the OS's read-ahead); None where it is
+    missing.  Its number is x86-64's: callers skip elsewhere."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(off, length)
+    st = (ctypes.c_uint64 * 5)()
+    if libc.syscall(451, fd, rng, st, 0) != 0:      # SYS_cachestat (x86-64)
+        return None
+    return st[0] * os.sysconf("SC_PAGE_SIZE") >= length
+
+
+def evict(fd: int, ranges: Sequence[Tuple[int, int]]) -> None:
+    """Drop file fd from the OS cache and check that (offset, length)
+    ranges left it; skips the test where that cannot be seen (no
+    cachestat) or does not happen (a filesystem that keeps its pages)."""
+    import pytest
+    os.fsync(fd)             # (dirty pages are not dropped)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    state = [os_cached(fd, off, n) for off, n in ranges]
+    if None in state:
+        pytest.skip("no cachestat(2) here (Linux < 6.5)")
+    if any(state):
+        pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
+
+
+def wait_cached(fd: int, ranges: Sequence[Tuple[int, int]],
+                seconds: float) -> List[Optional[bool]]:
+    """Which (offset, length) ranges of file fd are in the OS cache, once
+    all are or `seconds` have passed (read-ahead advice is asynchronous)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        state = [os_cached(fd, off, n) for off, n in ranges]
+        if all(state) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
 
 
 def prefetch_threads(settle: float = 0.0) -> List[str]:

@@ -24,12 +24,11 @@ import os
 import random
 import struct
 import tempfile
-import time
 
 import pytest
 
-from lmdb_fixtures import (LmdbFile, patch_page_header, read_syscalls,
-                           truncate, write_items)
+from lmdb_fixtures import (LmdbFile, evict, patch_page_header,
+                           read_syscalls, truncate, wait_cached, write_items)
 from test_cursor_readahead import CONFIGS, norm, open_sub
 from test_reader import _accepts_o_direct
 
@@ -334,19 +333,6 @@ def test_value_read_once_when_asked_into_its_object(tmp_path):
 # read-ahead of the runs a walk meets next
 
 
-def _cached(fd, off, length):
-    """Is [off, off+length) in the OS page cache?  Asked with cachestat(2)
-    (Linux 6.5), which reads nothing (a read, even one that may not wait,
-    would start the OS's read-ahead); None where it is missing."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    rng = (ctypes.c_uint64 * 2)(off, length)
-    st = (ctypes.c_uint64 * 5)()
-    if libc.syscall(451, fd, rng, st, 0) != 0:      # SYS_cachestat (x86-64)
-        return None
-    return st[0] * PS >= length
-
-
 @pytest.mark.skipif(os.uname().machine != "x86_64",
                     reason="cachestat(2) called by its x86-64 number")
 def test_walk_from_a_device_advises_the_next_runs(tmp_path):
@@ -377,26 +363,17 @@ def test_walk_from_a_device_advises_the_next_runs(tmp_path):
     try:
         for cfg in (("no-readahead", {}, {"readahead": False}),
                     ("device", {"LMDBIO_READAHEAD_DEVICE": "1"}, {})):
-            os.fsync(fd)             # (dirty pages are not dropped)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            state = [_cached(fd, r * PS, PS) for r in ahead]
-            if None in state:
-                pytest.skip("no cachestat(2) here (Linux < 6.5)")
-            if any(state):
-                pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
+            evict(fd, [(r * PS, PS) for r in ahead])
             env = open_sub(path, cfg)
             try:
                 with env.begin() as txn:
                     cur = txn.cursor()
                     assert cur.first() and cur.value() == value_of(0, size)
-                    # advice is asynchronous: up to 10 s for it (the
-                    # disk may be busy writing back what other tests
-                    # wrote), 0.3 s for reads that should not come
-                    for _ in range(1000 if cfg[0] == "device" else 30):
-                        if all(_cached(fd, r * PS, 15 * PS) for r in ahead):
-                            break
-                        time.sleep(0.01)
-                    cached = [_cached(fd, r * PS, 15 * PS) for r in ahead]
+                    # up to 10 s for the advice (the disk may be busy
+                    # writing back what other tests wrote), 0.3 s for
+                    # reads that should not come
+                    cached = wait_cached(fd, [(r * PS, 15 * PS) for r in ahead],
+                                         10 if cfg[0] == "device" else 0.3)
             finally:
                 env.close()
             assert all(cached) if cfg[0] == "device" else not any(cached), \

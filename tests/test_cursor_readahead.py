@@ -9,6 +9,8 @@
   device (blocks read around each leaf, reads in flight).
 * A damaged leaf that only read-ahead reached raises nothing until the
   cursor needs it.
+* Walking from a device, the blocks of the leaves after a read-ahead
+  batch are asked of the OS (WILLNEED) and arrive in its cache.
 * Reader threads and cursors: a scan abandoned midway, a transaction ended
   mid-scan, then the environment closed leave no thread behind.
 * buffers=True: views onto the page, equal to the copies.
@@ -22,8 +24,9 @@ import struct
 
 import pytest
 
-from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, patch,
-                           read_syscalls, sample_ops, write_env, write_items)
+from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, evict, patch,
+                           read_syscalls, sample_ops, wait_cached, write_env,
+                           write_items)
 
 from conftest import import_subject, require
 
@@ -297,6 +300,55 @@ def test_readahead_reads_neighbouring_leaves_together(tmp_path):
             env.close()
     assert counts["fast-no-readahead"] >= nleaves
     assert counts["fast-readahead"] * 4 < nleaves
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
+    """Three runs of 64 leaves in key order, 16 MiB of other pages between
+    them in the file.  Walking from a device (as if:
+    $LMDBIO_READAHEAD_DEVICE=1), the cursor's first leaf brings a batch of
+    the next 64 (read around, in the first run) and asks the OS for the
+    blocks around the 64 after those: the second run arrives in the OS
+    cache without a read by lmdbio.  Without read-ahead it does not."""
+    path = str(tmp_path)
+    w = lmdb.open(path, map_size=1 << 30, max_dbs=2)
+    t, pad = w.open_db(b"t"), w.open_db(b"pad")
+    with w.begin(write=True) as txn:
+        for g in range(3):
+            for i in range(g * 256, (g + 1) * 256):   # 4 a leaf: 64 leaves
+                assert txn.put(b"%06d" % i, b"v" * 900, db=t, append=True)
+            for j in range(16 if g < 2 else 0):
+                txn.put(b"%d-%02d" % (g, j), b"p" * (1 << 20), db=pad)
+    w.close()
+    f, leaves = _leaves_in_key_order(path)
+    block = 2 << 20
+    near = {p.pgno * f.psize // block
+            for p in leaves[:64] + f.branches("t") + f.branches("main")}
+    targets = [p.pgno for p in leaves[64:128]
+               if p.pgno * f.psize // block not in near]
+    assert len(targets) >= 32
+    ranges = [(p * f.psize, f.psize) for p in targets]
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
+                                 {})):
+            evict(fd, ranges)
+            env = open_sub(path, cfg)
+            try:
+                with env.begin(db=env.open_db(b"t")) as txn:
+                    cur = txn.cursor()
+                    assert cur.first() and cur.key() == b"000000"
+                    # up to 10 s for the advice, 0.3 s for reads that
+                    # should not come
+                    cached = wait_cached(fd, ranges,
+                                         10 if cfg[0] == "device" else 0.3)
+            finally:
+                env.close()
+            assert all(cached) if cfg[0] == "device" else not any(cached), \
+                (cfg[0], sum(cached), len(cached))
+    finally:
+        os.close(fd)
 
 
 def test_buffers_view_the_page(tmp_path):
