@@ -161,6 +161,9 @@ struct lio_env {
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint8_t *around_sink;     /* where their unwanted pages are read */
     uint64_t around_bits;
+    uint64_t sweep;           /* the next block lookups may ask the OS for
+                               * (pager.c's sweep_ahead; UINT64_MAX: none) */
+    int sweep_sized;          /* sweep_ahead compared the file with memory */
     uint64_t *ghost;          /* pgnos of lookup leaves recycled at once
                                * (pager.c; ghost_size slots, hashed) */
     size_t ghost_size;

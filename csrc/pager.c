@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -439,6 +440,8 @@ static int once_admit(lio_env *env, uint64_t pgno)
     return 0;
 }
 
+static void sweep_ahead(lio_env *env, const lio_meta *snap);
+
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                  int how, lio_page **out, lio_error *err)
 {
@@ -470,6 +473,8 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
     if (around && env->readahead_pages > 1 && from_device(env)) {
         pthread_mutex_unlock(&env->lock);
         lio_page_prefetch(env, snap, &pgno, 1);   /* reads around it */
+        if (how & LIO_GET_ONCE)
+            sweep_ahead(env, snap);
         pthread_mutex_lock(&env->lock);
         if ((pg = lookup(env, pgno, snap->txnid))) {
             pin(env, pg);
@@ -805,6 +810,14 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_unlock(&env->ra_lock);
 }
 
+/* Ask the OS for block b in the background (under ra_lock). */
+static void advise_block(lio_env *env, const lio_executor *ex, uint64_t b)
+{
+    env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
+    ex->advise(ex->ctx, b * around_pages(env) * env->psize,
+               around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
+}
+
 /* Blocks this close to the page a walk is on are left to the OS's own
  * read-ahead, which follows reads in file order (asking for them too made
  * a walk of an appended layout slower). */
@@ -830,9 +843,48 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap,
         if (pgnos[i] > snap->last_pg || around_done(env, b) ||
             (b + ADVISE_NEAR_BLOCKS >= here && b <= here + ADVISE_NEAR_BLOCKS))
             continue;
-        env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
-        ex.advise(ex.ctx, b * around_pages(env) * env->psize,
-                  around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
+        advise_block(env, &ex, b);
+    }
+    pthread_mutex_unlock(&env->ra_lock);
+}
+
+/* Lookups in random order from the device: each leaf missed also asks the
+ * OS, in the background, for the next SWEEP_BLOCKS blocks of the file not
+ * read around yet, in file order.  Lookups in random order reach every
+ * part of the file; a mapping's page fault reads read_ahead_kb around
+ * itself (8 MiB on some machines) while the process waits, this costs the
+ * device as many bytes a miss but in large reads in file order, while the
+ * lookups go on (cold, 500k lookups in shuffled order, fresh processes:
+ * 0.61-0.69x py-lmdb's time against 0.56-0.58x without; 200k in a file
+ * written in random order 0.70-0.75x against 0.59-0.65x).  Not for a file
+ * larger than half the memory: the OS could not keep what was read. */
+#define SWEEP_BLOCKS 4
+
+static void sweep_ahead(lio_env *env, const lio_meta *snap)
+{
+    lio_executor ex;
+    uint64_t end;
+    size_t given = 0;
+    if (env->align > 1 || !env->src.counted_reads)
+        return;
+    pthread_mutex_lock(&env->ra_lock);
+    if (!env->sweep_sized) {
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        env->sweep_sized = 1;
+        if (pages > 0 && size > 0 &&
+            env->file_size > (uint64_t)pages * (uint64_t)size / 2)
+            env->sweep = UINT64_MAX;   /* never */
+    }
+    ex = env->ex;
+    if (ex.advise && around_map(env, snap)) {
+        end = snap->last_pg / around_pages(env) + 1;
+        while (given < SWEEP_BLOCKS && env->sweep < end) {
+            uint64_t b = env->sweep++;
+            if (!around_done(env, b)) {
+                advise_block(env, &ex, b);
+                given++;
+            }
+        }
     }
     pthread_mutex_unlock(&env->ra_lock);
 }

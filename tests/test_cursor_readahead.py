@@ -351,6 +351,52 @@ def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
         os.close(fd)
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path):
+    """A lookup that misses its leaf from a device (as if:
+    $LMDBIO_READAHEAD_DEVICE=1) reads the 2 MiB block around it and asks
+    the OS, in the background, for the first four blocks of the file in
+    file order that nothing read yet: lookups in random order reach all of
+    it.  Without read-ahead they stay out of the OS cache."""
+    path = str(tmp_path)
+    n = 24000                       # 4 a leaf: 23 MiB, 12 blocks
+    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(n)],
+                name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    block = 2 << 20
+    # the pages a lookup of the last key reads: the main tree's (the name
+    # "t"), then its tree's root down to the last leaf
+    page = {p.pgno: p for p in f.of_db("t")}
+    chain, at = [], leaves[-1].pgno
+    while at != -1:
+        chain.append(at)
+        at = page[at].parent
+    touched = {pg * f.psize // block
+               for pg in chain + [p.pgno for p in f.of_db("main")]}
+    size = f.file_pages() * f.psize
+    sweep = [b for b in range(size // block) if b not in touched][:4]
+    assert len(sweep) == 4 and max(touched) > max(sweep) + 1
+    ranges = [(b * block, block) for b in sweep]
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
+                                 {})):
+            evict(fd, ranges)
+            env = open_sub(path, cfg)
+            try:
+                with env.begin(db=env.open_db(b"t")) as txn:
+                    assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
+                    cached = wait_cached(fd, ranges,
+                                         10 if cfg[0] == "device" else 0.3)
+            finally:
+                env.close()
+            assert all(cached) if cfg[0] == "device" else not any(cached), \
+                (cfg[0], cached)
+    finally:
+        os.close(fd)
+
+
 def test_buffers_view_the_page(tmp_path):
     path = str(tmp_path)
     items = [(b"%05d" % i, b"%d" % i * (1 + i % 50)) for i in range(3000)]
