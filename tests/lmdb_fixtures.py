@@ -254,32 +254,44 @@ def read_syscalls() -> int:
     raise AssertionError("no syscr in /proc/self/io")
 
 
-def os_cached(fd: int, off: int, length: int) -> Optional[bool]:
-    """Is [off, off+length) of file fd in the OS page cache?  Asked with
-    cachestat(2) (Linux 6.5), which reads nothing (a read, even one that
-    may not wait, would start the OS's read-ahead); None where it is
-    missing.  Its number is x86-64's: callers skip elsewhere."""
+def cached_pages(fd: int, off: int, length: int) -> Optional[int]:
+    """How many pages of [off, off+length) of file fd the OS cache holds.
+    Asked with cachestat(2) (Linux 6.5), which reads nothing (a read, even
+    one that may not wait, would start the OS's read-ahead); None where it
+    is missing.  Its number is x86-64's: callers skip elsewhere."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     rng = (ctypes.c_uint64 * 2)(off, length)
     st = (ctypes.c_uint64 * 5)()
     if libc.syscall(451, fd, rng, st, 0) != 0:      # SYS_cachestat (x86-64)
         return None
-    return st[0] * os.sysconf("SC_PAGE_SIZE") >= length
+    return st[0]
+
+
+def os_cached(fd: int, off: int, length: int) -> Optional[bool]:
+    """Is all of [off, off+length) of file fd in the OS cache?"""
+    n = cached_pages(fd, off, length)
+    return None if n is None else n * os.sysconf("SC_PAGE_SIZE") >= length
 
 
 def evict(fd: int, ranges: Sequence[Tuple[int, int]]) -> None:
-    """Drop file fd from the OS cache and check that (offset, length)
-    ranges left it; skips the test where that cannot be seen (no
-    cachestat) or does not happen (a filesystem that keeps its pages)."""
+    """Drop file fd from the OS cache until no page of the (offset, length)
+    ranges is left there (pages written a moment ago may wait in another
+    core's batch, out of DONTNEED's reach); skips the test where that
+    cannot be seen (no cachestat) or does not happen (a filesystem that
+    keeps its pages)."""
     import pytest
-    os.fsync(fd)             # (dirty pages are not dropped)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    state = [os_cached(fd, off, n) for off, n in ranges]
-    if None in state:
-        pytest.skip("no cachestat(2) here (Linux < 6.5)")
-    if any(state):
-        pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
+    state = []
+    for _ in range(20):
+        os.fsync(fd)             # (dirty pages are not dropped)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        state = [cached_pages(fd, off, n) for off, n in ranges]
+        if None in state:
+            pytest.skip("no cachestat(2) here (Linux < 6.5)")
+        if not any(state):
+            return
+        time.sleep(0.05)
+    pytest.skip("the OS keeps the file cached (DONTNEED ignored)")
 
 
 def wait_cached(fd: int, ranges: Sequence[Tuple[int, int]],
@@ -287,11 +299,29 @@ def wait_cached(fd: int, ranges: Sequence[Tuple[int, int]],
     """Which (offset, length) ranges of file fd are in the OS cache, once
     all are or `seconds` have passed (read-ahead advice is asynchronous)."""
     deadline = time.monotonic() + seconds
-    while True:
-        state = [os_cached(fd, off, n) for off, n in ranges]
-        if all(state) or time.monotonic() > deadline:
-            return state
+    while time.monotonic() < deadline:
+        if all(os_cached(fd, off, n) for off, n in ranges):
+            break
         time.sleep(0.01)
+    return [os_cached(fd, off, n) for off, n in ranges]
+
+
+def cached_after(fd: int, evict_ranges: Sequence[Tuple[int, int]],
+                 ranges: Sequence[Tuple[int, int]], act, seconds: float,
+                 attempts: int = 1) -> List[Optional[bool]]:
+    """Evict evict_ranges of file fd from the OS cache, call act() (reads
+    that may give read-ahead advice), and wait up to `seconds` for
+    `ranges` (wait_cached): which are cached.  With attempts > 1 all of
+    it is tried again while some are not: WILLNEED is a hint, which a busy
+    machine's kernel may drop."""
+    state: List[Optional[bool]] = []
+    for _ in range(attempts):
+        evict(fd, evict_ranges)
+        act()
+        state = wait_cached(fd, ranges, seconds)
+        if all(state):
+            break
+    return state
 
 
 def prefetch_threads(settle: float = 0.0) -> List[str]:

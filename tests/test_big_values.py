@@ -27,9 +27,9 @@ import tempfile
 
 import pytest
 
-from lmdb_fixtures import (LmdbFile, evict, patch_page_header,
-                           read_syscalls, truncate, wait_cached, write_items)
-from test_cursor_readahead import CONFIGS, norm, open_sub
+from lmdb_fixtures import (LmdbFile, patch_page_header, read_syscalls,
+                           truncate, write_items)
+from test_cursor_readahead import CONFIGS, check_advice, norm, open_sub
 from test_reader import _accepts_o_direct
 
 from conftest import import_subject, require
@@ -359,25 +359,19 @@ def test_walk_from_a_device_advises_the_next_runs(tmp_path):
     ahead = [run_of[key_of(i)] for i in range(1, 40)
              if far(run_of[key_of(i)])][:10]
     assert len(ahead) >= 5
+    def first(cfg):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin() as txn:
+                cur = txn.cursor()
+                assert cur.first() and cur.value() == value_of(0, size)
+        finally:
+            env.close()
+
+    runs = [(r * PS, 15 * PS) for r in ahead]
     fd = os.open(f.path, os.O_RDONLY)
     try:
-        for cfg in (("no-readahead", {}, {"readahead": False}),
-                    ("device", {"LMDBIO_READAHEAD_DEVICE": "1"}, {})):
-            evict(fd, [(r * PS, PS) for r in ahead])
-            env = open_sub(path, cfg)
-            try:
-                with env.begin() as txn:
-                    cur = txn.cursor()
-                    assert cur.first() and cur.value() == value_of(0, size)
-                    # up to 10 s for the advice (the disk may be busy
-                    # writing back what other tests wrote), 0.3 s for
-                    # reads that should not come
-                    cached = wait_cached(fd, [(r * PS, 15 * PS) for r in ahead],
-                                         10 if cfg[0] == "device" else 0.3)
-            finally:
-                env.close()
-            assert all(cached) if cfg[0] == "device" else not any(cached), \
-                (cfg[0], cached)
+        check_advice(fd, runs, runs, first)
     finally:
         os.close(fd)
 

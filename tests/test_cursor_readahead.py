@@ -24,9 +24,8 @@ import struct
 
 import pytest
 
-from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, evict, patch,
-                           read_syscalls, sample_ops, wait_cached, write_env,
-                           write_items)
+from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, cached_after, patch,
+                           read_syscalls, sample_ops, write_env, write_items)
 
 from conftest import import_subject, require
 
@@ -73,6 +72,20 @@ def open_sub(path, cfg):
     _name, env_vars, kw = cfg
     with environ(**env_vars):
         return lmdbio.open(path, readonly=True, lock=False, max_dbs=4, **kw)
+
+
+def check_advice(fd, evict_ranges, ranges, act):
+    """act(cfg) opens the environment with cfg and reads: without
+    read-ahead `ranges` of file fd stay out of the OS cache (0.3 s); as
+    from a device (LMDBIO_READAHEAD_DEVICE=1) the advice brings them
+    within 10 s.  evict_ranges: what must leave the OS cache first."""
+    for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
+                             {})):
+        device = cfg[0] == "device"
+        cached = cached_after(fd, evict_ranges, ranges, lambda: act(cfg),
+                              10 if device else 0.3, 2 if device else 1)
+        assert all(cached) if device else not any(cached), \
+            (cfg[0], sum(map(bool, cached)), len(cached))
 
 
 def build(path, spec_id, n_keys=700):
@@ -329,24 +342,22 @@ def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
                if p.pgno * f.psize // block not in near]
     assert len(targets) >= 32
     ranges = [(p * f.psize, f.psize) for p in targets]
+    blocks = [(b * block, block)
+              for b in sorted({p * f.psize // block for p in targets})]
+    def first(cfg):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                cur = txn.cursor()
+                assert cur.first() and cur.key() == b"000000"
+        finally:
+            env.close()
+
     fd = os.open(f.path, os.O_RDONLY)
     try:
-        for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
-                                 {})):
-            evict(fd, ranges)
-            env = open_sub(path, cfg)
-            try:
-                with env.begin(db=env.open_db(b"t")) as txn:
-                    cur = txn.cursor()
-                    assert cur.first() and cur.key() == b"000000"
-                    # up to 10 s for the advice, 0.3 s for reads that
-                    # should not come
-                    cached = wait_cached(fd, ranges,
-                                         10 if cfg[0] == "device" else 0.3)
-            finally:
-                env.close()
-            assert all(cached) if cfg[0] == "device" else not any(cached), \
-                (cfg[0], sum(cached), len(cached))
+        # (whole blocks evicted: advice skips a block whose pages it finds
+        # cached already)
+        check_advice(fd, blocks, ranges, first)
     finally:
         os.close(fd)
 
@@ -378,21 +389,17 @@ def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path):
     sweep = [b for b in range(size // block) if b not in touched][:4]
     assert len(sweep) == 4 and max(touched) > max(sweep) + 1
     ranges = [(b * block, block) for b in sweep]
+    def lookup(cfg):
+        env = open_sub(path, cfg)
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
+        finally:
+            env.close()
+
     fd = os.open(f.path, os.O_RDONLY)
     try:
-        for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
-                                 {})):
-            evict(fd, ranges)
-            env = open_sub(path, cfg)
-            try:
-                with env.begin(db=env.open_db(b"t")) as txn:
-                    assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
-                    cached = wait_cached(fd, ranges,
-                                         10 if cfg[0] == "device" else 0.3)
-            finally:
-                env.close()
-            assert all(cached) if cfg[0] == "device" else not any(cached), \
-                (cfg[0], cached)
+        check_advice(fd, ranges, ranges, lookup)
     finally:
         os.close(fd)
 
