@@ -184,8 +184,8 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     cur->ahead = cur->ahead ? 2 * cur->ahead : want;
     if (cur->ahead > LIO_PREFETCH_MAX)
         cur->ahead = LIO_PREFETCH_MAX;
-    m = children_from(parent, &i, &more, dir, cur->ahead, list);
-    lio_page_advise_around(env, &cur->snap, pgno, list, m);
+    if ((m = children_from(parent, &i, &more, dir, cur->ahead, list)))
+        lio_page_advise_around(env, &cur->snap, pgno, list, m);
 }
 
 /* Put page pgno at stack slot `level` and make it the top.  dir: the walk
