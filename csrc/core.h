@@ -163,7 +163,7 @@ struct lio_env {
     uint64_t around_bits;
     uint64_t sweep;           /* the next block lookups may ask the OS for
                                * (pager.c's sweep_ahead; UINT64_MAX: none) */
-    int sweep_sized;          /* sweep_ahead compared the file with memory */
+    int sweep_sized;          /* sweep_ahead compared the data with memory */
     uint64_t *ghost;          /* pgnos of lookup leaves recycled at once
                                * (pager.c; ghost_size slots, hashed) */
     size_t ghost_size;

@@ -823,21 +823,29 @@ static void advise_block(lio_env *env, const lio_executor *ex, uint64_t b)
  * a walk of an appended layout slower). */
 #define ADVISE_NEAR_BLOCKS 4
 
+/* Can blocks be asked for in the background?  If so (1), with ra_lock
+ * held and the executor in *ex.  (A source whose reads the OS does not
+ * count has no device to read ahead for it: its advice is a read of the
+ * region, made now; under O_DIRECT the OS keeps nothing.) */
+static int begin_advice(lio_env *env, const lio_meta *snap, lio_executor *ex)
+{
+    if (env->align > 1 || !env->src.counted_reads)
+        return 0;
+    pthread_mutex_lock(&env->ra_lock);
+    *ex = env->ex;
+    if (ex->advise && around_map(env, snap))
+        return 1;
+    pthread_mutex_unlock(&env->ra_lock);
+    return 0;
+}
+
 void lio_page_advise_around(lio_env *env, const lio_meta *snap,
                             uint64_t at, const uint64_t *pgnos, size_t n)
 {
     lio_executor ex;
     uint64_t here = at / around_pages(env);
-    /* (A source whose reads the OS does not count has no device to read
-     * ahead for it: its advice is a read of the region, made now.) */
-    if (!from_device(env) || env->align > 1 || !env->src.counted_reads)
+    if (!from_device(env) || !begin_advice(env, snap, &ex))
         return;
-    pthread_mutex_lock(&env->ra_lock);
-    ex = env->ex;
-    if (!ex.advise || !around_map(env, snap)) {
-        pthread_mutex_unlock(&env->ra_lock);
-        return;
-    }
     for (size_t i = 0; i < n; i++) {
         uint64_t b = pgnos[i] / around_pages(env);
         if (pgnos[i] > snap->last_pg || around_done(env, b) ||
@@ -856,34 +864,29 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap,
  * device as many bytes a miss but in large reads in file order, while the
  * lookups go on (cold, 500k lookups in shuffled order, fresh processes:
  * 0.61-0.69x py-lmdb's time against 0.56-0.58x without; 200k in a file
- * written in random order 0.70-0.75x against 0.59-0.65x).  Not for a file
+ * written in random order 0.70-0.75x against 0.59-0.65x).  Not for data
  * larger than half the memory: the OS could not keep what was read. */
 #define SWEEP_BLOCKS 4
 
 static void sweep_ahead(lio_env *env, const lio_meta *snap)
 {
     lio_executor ex;
-    uint64_t end;
+    uint64_t end = snap->last_pg / around_pages(env) + 1;
     size_t given = 0;
-    if (env->align > 1 || !env->src.counted_reads)
+    if (!begin_advice(env, snap, &ex))
         return;
-    pthread_mutex_lock(&env->ra_lock);
     if (!env->sweep_sized) {
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
         env->sweep_sized = 1;
-        if (pages > 0 && size > 0 &&
-            env->file_size > (uint64_t)pages * (uint64_t)size / 2)
+        if (pages > 0 && size > 0 && (snap->last_pg + 1) * env->psize >
+                                     (uint64_t)pages * (uint64_t)size / 2)
             env->sweep = UINT64_MAX;   /* never */
     }
-    ex = env->ex;
-    if (ex.advise && around_map(env, snap)) {
-        end = snap->last_pg / around_pages(env) + 1;
-        while (given < SWEEP_BLOCKS && env->sweep < end) {
-            uint64_t b = env->sweep++;
-            if (!around_done(env, b)) {
-                advise_block(env, &ex, b);
-                given++;
-            }
+    while (given < SWEEP_BLOCKS && env->sweep < end) {
+        uint64_t b = env->sweep++;
+        if (!around_done(env, b)) {
+            advise_block(env, &ex, b);
+            given++;
         }
     }
     pthread_mutex_unlock(&env->ra_lock);

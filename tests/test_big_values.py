@@ -359,21 +359,14 @@ def test_walk_from_a_device_advises_the_next_runs(tmp_path):
     ahead = [run_of[key_of(i)] for i in range(1, 40)
              if far(run_of[key_of(i)])][:10]
     assert len(ahead) >= 5
-    def first(cfg):
-        env = open_sub(path, cfg)
-        try:
-            with env.begin() as txn:
-                cur = txn.cursor()
-                assert cur.first() and cur.value() == value_of(0, size)
-        finally:
-            env.close()
+
+    def scan_start(env):
+        with env.begin() as txn:
+            cur = txn.cursor()
+            assert cur.first() and cur.value() == value_of(0, size)
 
     runs = [(r * PS, 15 * PS) for r in ahead]
-    fd = os.open(f.path, os.O_RDONLY)
-    try:
-        check_advice(fd, runs, runs, first)
-    finally:
-        os.close(fd)
+    check_advice(path, runs, runs, scan_start)
 
 
 # ---------------------------------------------------------------------------

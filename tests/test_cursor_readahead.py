@@ -74,18 +74,30 @@ def open_sub(path, cfg):
         return lmdbio.open(path, readonly=True, lock=False, max_dbs=4, **kw)
 
 
-def check_advice(fd, evict_ranges, ranges, act):
-    """act(cfg) opens the environment with cfg and reads: without
-    read-ahead `ranges` of file fd stay out of the OS cache (0.3 s); as
-    from a device (LMDBIO_READAHEAD_DEVICE=1) the advice brings them
-    within 10 s.  evict_ranges: what must leave the OS cache first."""
-    for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
-                             {})):
-        device = cfg[0] == "device"
-        cached = cached_after(fd, evict_ranges, ranges, lambda: act(cfg),
-                              10 if device else 0.3, 2 if device else 1)
-        assert all(cached) if device else not any(cached), \
-            (cfg[0], sum(map(bool, cached)), len(cached))
+def check_advice(path, evict_ranges, ranges, read):
+    """read(env) reads from the environment at path: without read-ahead
+    `ranges` of its data file stay out of the OS cache (0.3 s); as from a
+    device (LMDBIO_READAHEAD_DEVICE=1) the advice brings them within
+    10 s.  evict_ranges: what must leave the OS cache first."""
+    def act(cfg):
+        env = open_sub(path, cfg)
+        try:
+            read(env)
+        finally:
+            env.close()
+
+    fd = os.open(LmdbFile(path).path, os.O_RDONLY)
+    try:
+        for cfg in (CONFIGS[1], ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
+                                 {})):
+            device = cfg[0] == "device"
+            cached = cached_after(fd, evict_ranges, ranges,
+                                  lambda: act(cfg), 10 if device else 0.3,
+                                  2 if device else 1)
+            assert all(cached) if device else not any(cached), \
+                (cfg[0], sum(map(bool, cached)), len(cached))
+    finally:
+        os.close(fd)
 
 
 def build(path, spec_id, n_keys=700):
@@ -344,22 +356,15 @@ def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
     ranges = [(p * f.psize, f.psize) for p in targets]
     blocks = [(b * block, block)
               for b in sorted({p * f.psize // block for p in targets})]
-    def first(cfg):
-        env = open_sub(path, cfg)
-        try:
-            with env.begin(db=env.open_db(b"t")) as txn:
-                cur = txn.cursor()
-                assert cur.first() and cur.key() == b"000000"
-        finally:
-            env.close()
 
-    fd = os.open(f.path, os.O_RDONLY)
-    try:
-        # (whole blocks evicted: advice skips a block whose pages it finds
-        # cached already)
-        check_advice(fd, blocks, ranges, first)
-    finally:
-        os.close(fd)
+    def first(env):
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            assert cur.first() and cur.key() == b"000000"
+
+    # (whole blocks evicted: advice skips a block whose pages it finds
+    # cached already)
+    check_advice(path, blocks, ranges, first)
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
@@ -389,19 +394,12 @@ def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path):
     sweep = [b for b in range(size // block) if b not in touched][:4]
     assert len(sweep) == 4 and max(touched) > max(sweep) + 1
     ranges = [(b * block, block) for b in sweep]
-    def lookup(cfg):
-        env = open_sub(path, cfg)
-        try:
-            with env.begin(db=env.open_db(b"t")) as txn:
-                assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
-        finally:
-            env.close()
 
-    fd = os.open(f.path, os.O_RDONLY)
-    try:
-        check_advice(fd, ranges, ranges, lookup)
-    finally:
-        os.close(fd)
+    def lookup(env):
+        with env.begin(db=env.open_db(b"t")) as txn:
+            assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
+
+    check_advice(path, ranges, ranges, lookup)
 
 
 def test_buffers_view_the_page(tmp_path):
