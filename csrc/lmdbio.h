@@ -98,6 +98,10 @@ typedef struct lio_source {
      * block device.  Zero (a network or FUSE filesystem, memory, MPI-IO):
      * a slow read is taken as one from storage on its time alone. */
     int counted_reads;
+    /* With counted_reads: the bytes the OS reads ahead of reads in file
+     * order (the device's read-ahead window), so that lmdbio asks only for
+     * what lies beyond it.  0: none, or not known. */
+    uint64_t os_readahead;
     /* Optional (NULL: `read` serves every read): read up to len bytes at
      * off into buf through the OS's cache, at any offset and length, for a
      * source whose `read` bypasses it (O_DIRECT).  Used for the meta

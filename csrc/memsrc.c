@@ -46,6 +46,7 @@ void lio_mem_source(lio_source *src, lio_membuf *buf)
     src->align = 1;
     src->readv = mem_readv;
     src->counted_reads = 0;   /* (never slow) */
+    src->os_readahead = 0;
     src->read_cached = NULL;  /* (all of it is in memory) */
 }
 

@@ -818,10 +818,15 @@ static void advise_block(lio_env *env, const lio_executor *ex, uint64_t b)
                around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
 }
 
-/* Blocks this close to the page a walk is on are left to the OS's own
- * read-ahead, which follows reads in file order (asking for them too made
- * a walk of an appended layout slower). */
-#define ADVISE_NEAR_BLOCKS 4
+/* Blocks within the OS's own read-ahead of the page a walk is on are left
+ * to it: it follows reads in file order (asking for them too made a walk
+ * of an appended layout slower with an 8 MiB window).  With a small
+ * window (Linux's default, 128 KiB) the walk asks for the blocks after
+ * its own. */
+static uint64_t near_blocks(const lio_env *env)
+{
+    return env->src.os_readahead / AROUND_BYTES;
+}
 
 /* Can blocks be asked for in the background?  If so (1), with ra_lock
  * held and the executor in *ex.  (A source whose reads the OS does not
@@ -843,13 +848,13 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap,
                             uint64_t at, const uint64_t *pgnos, size_t n)
 {
     lio_executor ex;
-    uint64_t here = at / around_pages(env);
+    uint64_t here = at / around_pages(env), near = near_blocks(env);
     if (!from_device(env) || !begin_advice(env, snap, &ex))
         return;
     for (size_t i = 0; i < n; i++) {
         uint64_t b = pgnos[i] / around_pages(env);
         if (pgnos[i] > snap->last_pg || around_done(env, b) ||
-            (b + ADVISE_NEAR_BLOCKS >= here && b <= here + ADVISE_NEAR_BLOCKS))
+            (b + near >= here && b <= here + near))
             continue;
         advise_block(env, &ex, b);
     }

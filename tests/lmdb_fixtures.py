@@ -14,13 +14,14 @@ provoke errors, not to build valid files of another page size.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import lmdb  # py-lmdb: the writer and the reference reader
 
@@ -322,6 +323,39 @@ def cached_after(fd: int, evict_ranges: Sequence[Tuple[int, int]],
         if all(state):
             break
     return state
+
+
+@contextlib.contextmanager
+def device_queue(path, **values: int) -> Iterator[None]:
+    """The request queue of the block device holding `path` set to
+    `values` (its sysfs names: read_ahead_kb, max_sectors_kb) meanwhile,
+    then restored: storage as other machines have it.  Skips the test
+    where they cannot be set (not root, no device of its own, no /sys)."""
+    import pytest
+    st = os.stat(path)
+    dev = "/sys/dev/block/%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+    queue = next((q for q in (os.path.join(dev, "queue"),
+                              os.path.join(dev, "..", "queue"))
+                  if os.path.isdir(q)), None)
+    if os.major(st.st_dev) == 0 or queue is None:
+        pytest.skip("%s is not on a block device of its own" % path)
+    old = {}
+    try:
+        for name, value in values.items():
+            f = os.path.join(queue, name)
+            with open(f) as fh:
+                was = fh.read().strip()
+            try:
+                with open(f, "w") as fh:
+                    fh.write(str(value))
+            except OSError as e:
+                pytest.skip("cannot set %s (%s)" % (f, e.strerror))
+            old[f] = was
+        yield
+    finally:
+        for f, value in reversed(list(old.items())):
+            with open(f, "w") as fh:
+                fh.write(value)
 
 
 def prefetch_threads(settle: float = 0.0) -> List[str]:

@@ -24,8 +24,9 @@ import struct
 
 import pytest
 
-from lmdb_fixtures import (COMBOS_BY_ID, PLAIN, LmdbFile, cached_after, patch,
-                           read_syscalls, sample_ops, write_env, write_items)
+from lmdb_fixtures import (COMBOS_BY_ID, LmdbFile, cached_after, device_queue,
+                           patch, read_syscalls, sample_ops, write_env,
+                           write_items)
 
 from conftest import import_subject, require
 
@@ -327,15 +328,29 @@ def test_readahead_reads_neighbouring_leaves_together(tmp_path):
     assert counts["fast-readahead"] * 4 < nleaves
 
 
+# The device's queue as the machine has it, and as many do: Linux's
+# default read-ahead window (128 KiB), where the kernel also cuts a
+# WILLNEED advice to 128 KiB when the device's requests are that small.
+QUEUES = {"as-is": {}, "small": {"read_ahead_kb": 128, "max_sectors_kb": 128}}
+
+
+@pytest.fixture(params=sorted(QUEUES))
+def queue(request, tmp_path):
+    with device_queue(str(tmp_path), **QUEUES[request.param]):
+        yield request.param
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64",
                     reason="cachestat(2) called by its x86-64 number")
-def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
+def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path,
+                                                                queue):
     """Three runs of 64 leaves in key order, 16 MiB of other pages between
     them in the file.  Walking from a device (as if:
     $LMDBIO_READAHEAD_DEVICE=1), the cursor's first leaf brings a batch of
     the next 64 (read around, in the first run) and asks the OS for the
-    blocks around the 64 after those: the second run arrives in the OS
-    cache without a read by lmdbio.  Without read-ahead it does not."""
+    blocks around the 64 after those: the second run arrives, whole, in
+    the OS cache without a read by lmdbio.  Without read-ahead it does
+    not."""
     path = str(tmp_path)
     w = lmdb.open(path, map_size=1 << 30, max_dbs=2)
     t, pad = w.open_db(b"t"), w.open_db(b"pad")
@@ -369,7 +384,7 @@ def test_walk_from_a_device_asks_for_the_blocks_of_later_leaves(tmp_path):
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
                     reason="cachestat(2) called by its x86-64 number")
-def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path):
+def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path, queue):
     """A lookup that misses its leaf from a device (as if:
     $LMDBIO_READAHEAD_DEVICE=1) reads the 2 MiB block around it and asks
     the OS, in the background, for the first four blocks of the file in
@@ -400,6 +415,56 @@ def test_lookups_from_a_device_sweep_the_file_ahead(tmp_path):
             assert txn.get(b"%06d" % (n - 1)) == b"v" * 900
 
     check_advice(path, ranges, ranges, lookup)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
+        tmp_path):
+    """An appended layout on a device whose read-ahead window is 128 KiB:
+    the OS reads little ahead of a walk in file order, so the walk asks it
+    for the blocks (2 MiB) after its own once the leaves it reads ahead
+    reach them.  Entering a parent whose first batch of leaves (64, read
+    around) lies in one block and whose next 256 leaves (asked for) reach
+    the next block, that block arrives whole in the OS cache; without
+    read-ahead it does not.  (With an 8 MiB window the OS's own read-ahead
+    covers it and nothing is asked.)"""
+    path = str(tmp_path)
+    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(12000)],
+                name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    block = 2 << 20
+    size = f.file_pages() * f.psize
+
+    def blk(leaf):
+        return leaf.pgno * f.psize // block
+
+    assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
+    # the first parent after the first two (by then a walk asks for 256
+    # leaves after each batch) whose batch and asked-for leaves qualify
+    target = first = None
+    for first in range(1, len(leaves)):
+        if leaves[first].parent == leaves[first - 1].parent:
+            continue
+        kin = [p for p in leaves[first:first + 64 + 256]
+               if p.parent == leaves[first].parent]
+        seen = {blk(p) for p in leaves[:first + 64]}
+        later = {blk(p) for p in kin[64:]} - seen
+        if first >= 3 * 64 and len(kin) > 64 and later:
+            target = min(later)
+            break
+    assert target is not None
+    records = sum(len(p.nodes) for p in leaves[:first])
+
+    def walk(env):
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            assert cur.first()
+            for _ in range(records):
+                assert cur.next()
+
+    with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
+        check_advice(path, [(0, size)], [(target * block, block)], walk)
 
 
 def test_buffers_view_the_page(tmp_path):

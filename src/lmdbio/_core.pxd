@@ -47,6 +47,7 @@ cdef extern from "lmdbio.h" nogil:
         int64_t (*size)(void *ctx) noexcept nogil
         size_t align
         int counted_reads
+        uint64_t os_readahead
         int64_t (*read_cached)(void *ctx, uint64_t off, void *buf, size_t len) noexcept nogil
 
     ctypedef struct lio_dbrec:

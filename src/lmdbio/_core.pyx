@@ -451,6 +451,7 @@ cdef class _MPISource:
         # MPI-IO's reads are not counted as the process's blocks read in:
         # a slow one is the storage's on its time alone (lio_source)
         self.src.counted_reads = 0
+        self.src.os_readahead = 0
         self.src.read_cached = NULL   # (MPI-IO keeps no cache of ours)
 
     cdef int64_t read(self, uint64_t off, uint8_t *buf, size_t length):
