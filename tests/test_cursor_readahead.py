@@ -440,8 +440,9 @@ def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
         return leaf.pgno * f.psize // block
 
     assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
-    # the first parent after the first two (by then a walk asks for 256
-    # leaves after each batch) whose batch and asked-for leaves qualify
+    # the first parent starting at leaf 192 or later (by then a walk asks
+    # for 256 leaves after each batch) whose batch and asked-for leaves
+    # qualify
     target = first = None
     for first in range(1, len(leaves)):
         if leaves[first].parent == leaves[first - 1].parent:
