@@ -216,6 +216,10 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
  * near page `at` (where a walk is: the OS reads ahead of it there). */
 void lio_page_advise_around(lio_env *env, const lio_meta *snap, uint64_t at,
                             const uint64_t *pgnos, size_t n);
+/* How far, in pages, the OS reads ahead of reads in file order when that
+ * reaches past lio_page_advise_around's blocks (2 MiB); else 0 (a small
+ * window: read-ahead in file order is then lmdbio's to ask for). */
+uint64_t lio_os_window_pages(const lio_env *env);
 
 /* Read len bytes at file offset off into a buffer that the caller frees
  * with free(); *data points at the first wanted byte.  Fails (without

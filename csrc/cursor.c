@@ -152,6 +152,40 @@ static size_t children_from(const uint8_t *parent, unsigned *i, int *more,
     return m;
 }
 
+/* Is page pg after page prev in file order, within the OS's read-ahead
+ * window of it (a walk reading from prev to pg in file order has the OS
+ * read pg ahead of it)? */
+static int in_window(const lio_env *env, uint64_t prev, uint64_t pg)
+{
+    uint64_t reach = lio_os_window_pages(env);
+    return reach && pg > prev && pg - prev <= reach;
+}
+
+/* Does a walk forward into leaf pgno read its way there through the file:
+ * are the values of the leaf it leaves (still held at `level`) in overflow
+ * runs that lie between that leaf and pgno, as an appending writer puts
+ * them?  Then its reads go through the file in order, and the OS's
+ * read-ahead follows them.  Where the walk starts (no leaf held), taken as
+ * so: the next leaf it enters tells. */
+static int reads_through(const tcursor *c, unsigned level, uint64_t pgno,
+                         int dir)
+{
+    const uint8_t *p = c->pg[level], *nd;
+    uint64_t prev = c->pgno[level], first;
+    unsigned n;
+    if (dir > 0 && !c->pin[level])
+        return 1;
+    if (dir <= 0 || p != c->pin[level]->data ||
+        !(pg_flags(p) & P_LEAF) || is_leaf2(p) || prev >= pgno ||
+        !(n = pg_numkeys(p)))
+        return 0;
+    nd = pg_node(p, n - 1);
+    if (!(nd_flags(nd) & F_BIGDATA))
+        return 0;
+    first = ld64(nd_data(nd));
+    return first > prev && first < pgno;
+}
+
 /* Read-ahead that follows the tree: entering leaf pgno (not cached) from
  * slot ki of its parent, walking in direction dir, read it together with
  * the parent's next leaves that way.  In key order, wherever they sit in
@@ -163,13 +197,29 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     const uint8_t *parent = c->pg[level - 1];
     unsigned i = c->ki[level - 1];
     int more = i < pg_numkeys(parent);
-    uint64_t list[LIO_PREFETCH_MAX];
+    uint64_t list[LIO_PREFETCH_MAX], after;
     size_t m, want = env->readahead_pages;
+    int through;
     if (want < 2 || lio_page_cached(env, &cur->snap, pgno))
         return;
     if (want > LIO_PREFETCH_MAX)
         want = LIO_PREFETCH_MAX;
     m = children_from(parent, &i, &more, dir, want, list);
+    through = lio_env_from_device(env) && reads_through(c, level, pgno, dir);
+    if (through && m > 1 && in_window(env, pgno, list[1])) {
+        /* The OS's window brings these leaves as the walk reads toward
+         * them: read now only those next to this one (one request).  A
+         * read of its own for each of the others put 64 small requests
+         * among the window's large ones (leaves 630 KiB apart, 3 KiB
+         * values between them: cold walks 10% slower). */
+        size_t k = 1;
+        while (k < m && list[k] == list[k - 1] + 1)
+            k++;
+        /* (the leaves after these are the next ones to ask for) */
+        i = c->ki[level - 1];
+        more = i < pg_numkeys(parent);
+        m = children_from(parent, &i, &more, dir, k, list);
+    }
     lio_page_prefetch(env, &cur->snap, list, m);
     /* From the device, the leaves after these are asked for too, in the
      * background (lio_page_advise_around: the blocks around them), twice
@@ -181,10 +231,25 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
      * py-lmdb's 0.59). */
     if (!lio_env_from_device(env))
         return;
+    /* (the batch's reads may have shown the device only now) */
+    through = through || reads_through(c, level, pgno, dir);
+    after = m ? list[m - 1] : pgno;
     cur->ahead = cur->ahead ? 2 * cur->ahead : want;
     if (cur->ahead > LIO_PREFETCH_MAX)
         cur->ahead = LIO_PREFETCH_MAX;
-    if ((m = children_from(parent, &i, &more, dir, cur->ahead, list)))
+    m = children_from(parent, &i, &more, dir, cur->ahead, list);
+    if (through) {
+        /* Only the leaves the walk jumps to: those it reads its way to,
+         * the OS's window brings (asking for their blocks put 40 MB of
+         * reads ahead of the ones the walk waited for). */
+        uint64_t prev = after, pg;
+        size_t k = 0;
+        for (size_t j = 0; j < m; j++, prev = pg)
+            if (!in_window(env, prev, pg = list[j]))
+                list[k++] = pg;
+        m = k;
+    }
+    if (m)
         lio_page_advise_around(env, &cur->snap, pgno, list, m);
 }
 
@@ -397,6 +462,11 @@ static lio_page *one_page_value(tcursor *c, uint64_t pgno)
     return pg;
 }
 
+/* A batch's runs may have this many pages between them (leaf and branch
+ * pages that an appending writer put between values): read and dropped,
+ * cheaper than a request of their own. */
+#define BATCH_GAP_PAGES 8
+
 /* From a device, a walk over values in overflow runs reads each run when
  * the value is asked for: one read in flight at a time, and no read-ahead
  * by the OS when the runs are not in file order.  So the runs of the
@@ -410,7 +480,7 @@ static void advise_runs(tcursor *c)
     lio_env *env = cur->env;
     const uint8_t *p = top_page(c);
     unsigned n = pg_numkeys(p), i = c->ki[c->top];
-    uint64_t leaf = c->pgno[c->top], bytes = 0;
+    uint64_t leaf = c->pgno[c->top], bytes = 0, reach, end;
     int dir = cur->walk;
     lio_executor ex;
     if (!dir || c->subpage || env->readahead_pages < 2 ||
@@ -424,6 +494,15 @@ static void advise_runs(tcursor *c)
     if (cur->adv_leaf != leaf || cur->adv_dir != dir ||
         (dir > 0 ? cur->adv_ki < i : cur->adv_ki > i))
         cur->adv_ki = i;        /* nothing ahead of i advised yet */
+    /* Runs that follow each other in file order, with at most a batch's
+     * gap between two (values_into reads through such gaps), are read in
+     * file order: the OS's window follows them. */
+    reach = dir > 0 && i < n && lio_os_window_pages(env) ? BATCH_GAP_PAGES
+                                                         : 0;
+    end = leaf + 1;
+    if (reach && (nd_flags(pg_node(p, i)) & F_BIGDATA))
+        end = ld64(nd_data(pg_node(p, i))) +
+              run_pages(cur, nd_dsize(pg_node(p, i)));
     for (unsigned j = i; bytes < RUNS_AHEAD_BYTES; ) {
         const uint8_t *nd;
         uint64_t first, np;
@@ -436,6 +515,11 @@ static void advise_runs(tcursor *c)
         first = ld64(nd_data(nd));
         np = run_pages(cur, nd_dsize(nd));
         bytes += np * env->psize;
+        if (reach && first >= end && first - end <= reach) {
+            end = first + np;
+            continue;
+        }
+        reach = 0;   /* out of order once: advise the rest */
         if ((dir > 0 ? j <= cur->adv_ki : j >= cur->adv_ki) || first < 2 ||
             first > cur->snap.last_pg || np > cur->snap.last_pg - first + 1)
             continue;
@@ -1288,10 +1372,6 @@ uint64_t lio_cursor_pending(const lio_cursor *cur, uint32_t *size)
     return cur->pend_pgno;
 }
 
-/* A batch's runs may have this many pages between them (leaf and branch
- * pages that an appending writer put between values): read and dropped,
- * cheaper than a request of their own. */
-#define BATCH_GAP_PAGES 8
 
 size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
                               size_t max, size_t max_bytes)

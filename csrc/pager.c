@@ -844,6 +844,11 @@ static int begin_advice(lio_env *env, const lio_meta *snap, lio_executor *ex)
     return 0;
 }
 
+uint64_t lio_os_window_pages(const lio_env *env)
+{
+    return near_blocks(env) ? env->src.os_readahead / env->psize : 0;
+}
+
 void lio_page_advise_around(lio_env *env, const lio_meta *snap,
                             uint64_t at, const uint64_t *pgnos, size_t n)
 {

@@ -339,21 +339,32 @@ def device_queue(path, **values: int) -> Iterator[None]:
                   if os.path.isdir(q)), None)
     if os.major(st.st_dev) == 0 or queue is None:
         pytest.skip("%s is not on a block device of its own" % path)
+    # The request size first: writing max_sectors_kb makes the kernel
+    # derive read_ahead_kb from it anew (6.18: 128 KiB requests gave a
+    # 256 KiB window), so the window is set after it and read back.
+    names = sorted(values, key=lambda n: n != "max_sectors_kb")
     old = {}
     try:
-        for name, value in values.items():
+        for name in names:
             f = os.path.join(queue, name)
             with open(f) as fh:
                 was = fh.read().strip()
             try:
                 with open(f, "w") as fh:
-                    fh.write(str(value))
+                    fh.write(str(values[name]))
             except OSError as e:
                 pytest.skip("cannot set %s (%s)" % (f, e.strerror))
             old[f] = was
+        for name in names:
+            with open(os.path.join(queue, name)) as fh:
+                got = int(fh.read())
+            if got != values[name]:
+                pytest.skip("%s reads %d after writing %d"
+                            % (name, got, values[name]))
         yield
     finally:
-        for f, value in reversed(list(old.items())):
+        # (in the order written: the window last, as it was)
+        for f, value in old.items():
             with open(f, "w") as fh:
                 fh.write(value)
 

@@ -468,6 +468,46 @@ def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
         check_advice(path, [(0, size)], [(target * block, block)], walk)
 
 
+@pytest.mark.parametrize("window", ["8 MiB", "128 KiB"])
+def test_walk_leaves_spread_by_values_to_the_os_window(tmp_path, window):
+    """A CIFAR-like appended layout (one 3 KiB value to an overflow page,
+    so 680 KiB of values between two leaves), walked from a device (as if:
+    $LMDBIO_READAHEAD_DEVICE=1).  Past its first batch of leaves (64), the
+    walk reads its way to each next leaf through the values before it:
+    with the OS reading 8 MiB ahead, that leaf is read alone, the ones
+    after it left to the OS's window; with a 128 KiB window the walk reads
+    the next batch with it (one request each, in flight)."""
+    path = str(tmp_path)
+    items = [(b"%06d" % i, bytes([i % 251]) * 3000) for i in range(14000)]
+    write_items(path, items, name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    pgnos = [p.pgno for p in leaves]
+    assert pgnos == sorted(pgnos) and len(pgnos) >= 64 + 10
+    assert max(b - a for a, b in zip(pgnos, pgnos[1:])) * f.psize < 2 << 20
+    # the records before leaf 64 (the first leaf past the first batch)
+    before = sum(len(p.nodes) for p in leaves[:64])
+    queue = ({"read_ahead_kb": 8192} if window == "8 MiB" else
+             {"read_ahead_kb": 128, "max_sectors_kb": 128})
+    with device_queue(path, **queue):
+        env = open_sub(path, CONFIGS[5])     # readahead-device
+        try:
+            with env.begin(db=env.open_db(b"t")) as txn:
+                cur = txn.cursor()
+                assert cur.first()
+                for _ in range(before - 1):
+                    assert cur.next()
+                r0 = read_syscalls()
+                assert cur.next() and cur.key() == items[before][0]
+                reads = read_syscalls() - r0
+                assert list(cur) == items[before:]   # (from this record)
+        finally:
+            env.close()
+    if window == "8 MiB":
+        assert reads < 5, reads
+    else:
+        assert reads >= len(pgnos) - 64 - 1, reads
+
+
 def test_buffers_view_the_page(tmp_path):
     path = str(tmp_path)
     items = [(b"%05d" % i, b"%d" % i * (1 + i % 50)) for i in range(3000)]
