@@ -343,6 +343,9 @@ def device_queue(path, **values: int) -> Iterator[None]:
     # derive read_ahead_kb from it anew (6.18: 128 KiB requests gave a
     # 256 KiB window), so the window is set after it and read back.
     names = sorted(values, key=lambda n: n != "max_sectors_kb")
+    window = os.path.join(queue, "read_ahead_kb")
+    with open(window) as fh:
+        window_was = fh.read().strip()
     old = {}
     try:
         for name in names:
@@ -363,10 +366,14 @@ def device_queue(path, **values: int) -> Iterator[None]:
                             % (name, got, values[name]))
         yield
     finally:
-        # (in the order written: the window last, as it was)
+        # (in the order written, then the window as it was: restoring the
+        # request size derived it anew)
         for f, value in old.items():
             with open(f, "w") as fh:
                 fh.write(value)
+        if old:
+            with open(window, "w") as fh:
+                fh.write(window_was)
 
 
 def prefetch_threads(settle: float = 0.0) -> List[str]:
