@@ -205,8 +205,9 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     if (want > LIO_PREFETCH_MAX)
         want = LIO_PREFETCH_MAX;
     m = children_from(parent, &i, &more, dir, want, list);
-    through = lio_env_from_device(env) && reads_through(c, level, pgno, dir);
-    if (through && m > 1 && in_window(env, pgno, list[1])) {
+    through = reads_through(c, level, pgno, dir);
+    if (through && m > 1 && lio_env_from_device(env) &&
+        in_window(env, pgno, list[1])) {
         /* The OS's window brings these leaves as the walk reads toward
          * them: read now only those next to this one (one request).  A
          * read of its own for each of the others put 64 small requests
@@ -231,8 +232,6 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
      * py-lmdb's 0.59). */
     if (!lio_env_from_device(env))
         return;
-    /* (the batch's reads may have shown the device only now) */
-    through = through || reads_through(c, level, pgno, dir);
     after = m ? list[m - 1] : pgno;
     cur->ahead = cur->ahead ? 2 * cur->ahead : want;
     if (cur->ahead > LIO_PREFETCH_MAX)
@@ -500,9 +499,11 @@ static void advise_runs(tcursor *c)
     reach = dir > 0 && i < n && lio_os_window_pages(env) ? BATCH_GAP_PAGES
                                                          : 0;
     end = leaf + 1;
-    if (reach && (nd_flags(pg_node(p, i)) & F_BIGDATA))
-        end = ld64(nd_data(pg_node(p, i))) +
-              run_pages(cur, nd_dsize(pg_node(p, i)));
+    if (reach) {
+        const uint8_t *here = pg_node(p, i);
+        if (nd_flags(here) & F_BIGDATA)
+            end = ld64(nd_data(here)) + run_pages(cur, nd_dsize(here));
+    }
     for (unsigned j = i; bytes < RUNS_AHEAD_BYTES; ) {
         const uint8_t *nd;
         uint64_t first, np;
