@@ -220,6 +220,11 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap, uint64_t at,
  * reaches past lio_page_advise_around's blocks (2 MiB); else 0 (a small
  * window: read-ahead in file order is then lmdbio's to ask for). */
 uint64_t lio_os_window_pages(const lio_env *env);
+/* From the device: ask the OS, in the background, for the blocks after
+ * page `at`'s up to the one holding page at + pages, those not read around
+ * yet (a walk in file order where the OS's window is small). */
+void lio_page_advise_ahead(lio_env *env, const lio_meta *snap, uint64_t at,
+                           uint64_t pages);
 
 /* Read len bytes at file offset off into a buffer that the caller frees
  * with free(); *data points at the first wanted byte.  Fails (without

@@ -186,6 +186,11 @@ static int reads_through(const tcursor *c, unsigned level, uint64_t pgno,
     return first > prev && first < pgno;
 }
 
+/* How far ahead of a walk in file order the blocks are asked for when the
+ * OS's own window is small (8 MiB: what a large window reads; 4 and 16
+ * MiB measured no different). */
+#define WALK_LEAD_BYTES (8u << 20)
+
 /* Read-ahead that follows the tree: entering leaf pgno (not cached) from
  * slot ki of its parent, walking in direction dir, read it together with
  * the parent's next leaves that way.  In key order, wherever they sit in
@@ -199,12 +204,15 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     int more = i < pg_numkeys(parent);
     uint64_t list[LIO_PREFETCH_MAX], after;
     size_t m, want = env->readahead_pages;
-    int through;
+    int through, in_order;
     if (want < 2 || lio_page_cached(env, &cur->snap, pgno))
         return;
     if (want > LIO_PREFETCH_MAX)
         want = LIO_PREFETCH_MAX;
     m = children_from(parent, &i, &more, dir, want, list);
+    /* (the next leaves follow this one in the file, few pages apart) */
+    in_order = dir > 0 && m > 1 && list[m - 1] > pgno &&
+               list[m - 1] - pgno < 2 * m;
     through = reads_through(c, level, pgno, dir);
     if (through && m > 1 && lio_env_from_device(env) &&
         in_window(env, pgno, list[1])) {
@@ -232,6 +240,16 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
      * py-lmdb's 0.59). */
     if (!lio_env_from_device(env))
         return;
+    /* Leaves in file order and a small window (the OS reads 128 KiB ahead
+     * of reads in file order by default): keep the blocks up to
+     * WALK_LEAD_BYTES past this leaf asked for, as a large window would.
+     * The parent's next leaves alone reached 1 MiB past it at best and
+     * nothing past the parent's last leaf: a cold walk of 500k records of
+     * 800 bytes waited for the device at every block (1.2-1.5 s against
+     * py-lmdb's 0.9-1.4, the device idle 70% of the time). */
+    if (in_order && !lio_os_window_pages(env))
+        lio_page_advise_ahead(env, &cur->snap, pgno,
+                              WALK_LEAD_BYTES / env->psize);
     after = m ? list[m - 1] : pgno;
     cur->ahead = cur->ahead ? 2 * cur->ahead : want;
     if (cur->ahead > LIO_PREFETCH_MAX)

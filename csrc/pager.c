@@ -680,6 +680,7 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     lio_error err;
     int rc = LIO_SUCCESS;
     int device = from_device(env), around;
+    int asked = 1;   /* every page's block read around or asked for before */
     uint64_t t0;
 
     if (limit > LIO_PREFETCH_MAX)
@@ -766,6 +767,8 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
      * cache.  Each block once; later, its pages alone. */
     for (k = 0; k < m && rc == LIO_SUCCESS; k++) {
         uint64_t p = want[k], b = p / around_pages(env);
+        if (!around || !around_done(env, b))
+            asked = 0;
         if (open_end && p >= open_end) {
             rc = plan_sink(env, pos, open_end - pos);
             open_end = 0;
@@ -787,11 +790,19 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     if (rc == LIO_SUCCESS && open_end)
         rc = plan_sink(env, pos, open_end - pos);
     if (rc == LIO_SUCCESS && m) {
+        int slow;
         t0 = now_ns();
         rc = run_plan(env, &env->plan, device, &err);
         /* (the OS cache serves a page in about a microsecond) */
-        note_read(env, now_ns() - t0 > DEVICE_READ_NS +
-                  1000u * (env->plan.bytes / env->psize));
+        slow = now_ns() - t0 > DEVICE_READ_NS +
+               1000u * (env->plan.bytes / env->psize);
+        /* Pages of blocks asked for before arrive fast because they were
+         * asked for: that says nothing of where the file is.  (Taken as
+         * the OS cache's, a walk ahead of which lmdbio asked for every
+         * block stopped asking after a few batches, and then waited for
+         * the device at each.) */
+        if (slow || !asked)
+            note_read(env, slow);
     }
 
     pthread_mutex_lock(&env->lock);
@@ -810,12 +821,13 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_unlock(&env->ra_lock);
 }
 
-/* Ask the OS for block b in the background (under ra_lock). */
+/* Ask the OS for block b in the background (under ra_lock), from the
+ * executor's own thread where it has one (LIO_ADVISE_AHEAD). */
 static void advise_block(lio_env *env, const lio_executor *ex, uint64_t b)
 {
     env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
     ex->advise(ex->ctx, b * around_pages(env) * env->psize,
-               around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
+               around_pages(env) * env->psize, LIO_ADVISE_AHEAD);
 }
 
 /* Blocks within the OS's own read-ahead of the page a walk is on are left
@@ -863,6 +875,22 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap,
             continue;
         advise_block(env, &ex, b);
     }
+    pthread_mutex_unlock(&env->ra_lock);
+}
+
+void lio_page_advise_ahead(lio_env *env, const lio_meta *snap, uint64_t at,
+                           uint64_t pages)
+{
+    lio_executor ex;
+    uint64_t b = at / around_pages(env) + 1;
+    uint64_t last = (at + pages) / around_pages(env);
+    if (last > snap->last_pg / around_pages(env))
+        last = snap->last_pg / around_pages(env);
+    if (!from_device(env) || !begin_advice(env, snap, &ex))
+        return;
+    for (; b <= last; b++)
+        if (!around_done(env, b))
+            advise_block(env, &ex, b);
     pthread_mutex_unlock(&env->ra_lock);
 }
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 
 import pytest
 
 from lmdb_fixtures import (COMBOS_BY_ID, LmdbFile, cached_after, device_queue,
-                           patch, read_syscalls, sample_ops, write_env,
-                           write_items)
+                           evict, patch, read_syscalls, sample_ops,
+                           wait_cached, write_env, write_items)
 
 from conftest import import_subject, require
 
@@ -466,6 +467,87 @@ def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
 
     with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
         check_advice(path, [(0, size)], [(target * block, block)], walk)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_walk_in_file_order_keeps_blocks_asked_for_well_ahead(tmp_path):
+    """An appended layout on a device whose read-ahead window is 128 KiB,
+    walked from a device (as if: $LMDBIO_READAHEAD_DEVICE=1).  Entering
+    its second batch of leaves (leaf 64, 256 KiB into the file), the walk
+    has asked the OS for the blocks up to 8 MiB past that leaf, where the
+    parent's next leaves reach 1 MiB at most: blocks 2 to 4 of the file
+    arrive whole in the OS cache; without read-ahead they do not."""
+    path = str(tmp_path)
+    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(12000)],
+                name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    block = 2 << 20
+    size = f.file_pages() * f.psize
+    assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
+    at = leaves[64].pgno * f.psize
+    targets = list(range(at // block + 2, (at + (8 << 20)) // block + 1))
+    assert targets == [2, 3, 4] and size > 5 * block
+    records = sum(len(p.nodes) for p in leaves[:64])
+
+    def walk(env):
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            assert cur.first()
+            for _ in range(records):
+                assert cur.next()
+            assert cur.key() == leaves[64].nodes[0].key
+
+    with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
+        check_advice(path, [(0, size)], [(b * block, block) for b in targets],
+                     walk)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_cold_walk_from_the_disk_keeps_asking_ahead(tmp_path):
+    """A cold walk of a 48 MiB appended layout from the machine's own disk
+    (nothing forced), its window 128 KiB.  The walk tells the device from
+    the OS cache by how long its reads take; the blocks it asked for ahead
+    arrive fast because it asked.  Taken as the OS cache's, they made it
+    stop asking after a few batches (and wait for the device at every
+    block after).  Stopped three quarters in, the blocks 2-8 MiB past it
+    are in the OS cache: it still asks."""
+    path = str(tmp_path)
+    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(48000)],
+                name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    block = 2 << 20
+    size = f.file_pages() * f.psize
+    stop = leaves[len(leaves) * 3 // 4]
+    at = stop.pgno * f.psize
+    ahead = [(b * block, block)
+             for b in range(at // block + 2, (at + (8 << 20)) // block)]
+    assert len(ahead) >= 2 and (at + (8 << 20)) < size
+    records = sum(len(p.nodes) for p in leaves[:len(leaves) * 3 // 4])
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
+            evict(fd, [(0, size)])
+            t0 = time.perf_counter()
+            os.pread(fd, 4096, size // 2)
+            if time.perf_counter() - t0 < 50e-6:
+                pytest.skip("the disk serves a page as fast as the OS cache")
+            evict(fd, [(0, size)])
+            env = lmdbio.open(path, readonly=True, lock=False, max_dbs=2)
+            try:
+                with env.begin(db=env.open_db(b"t")) as txn:
+                    cur = txn.cursor()
+                    assert cur.first()
+                    for _ in range(records):
+                        assert cur.next()
+                    assert cur.key() == stop.nodes[0].key
+                    cached = wait_cached(fd, ahead, 10)
+            finally:
+                env.close()
+    finally:
+        os.close(fd)
+    assert all(cached), (sum(map(bool, cached)), len(cached))
 
 
 @pytest.mark.parametrize("window", ["8 MiB", "128 KiB"])
