@@ -386,10 +386,6 @@ static uint8_t *own_sink(sink_buf *sk, const lio_plan *plan)
     return sk->buf ? sk->buf : plan->sink;
 }
 
-/* Regions LIO_ADVISE_AHEAD may have waiting for the advisor thread; past
- * that the caller asks for the next ones itself. */
-#define ADVICE_QUEUE 64
-
 struct lio_pool {
     lio_posix *p;
     unsigned nthreads;        /* started so far */
@@ -414,14 +410,6 @@ struct lio_pool {
     uint64_t gaps_skipped;    /* planned gaps a cached read did not copy */
     pid_t pid;                /* the process whose threads these are */
     sink_buf caller_sink;     /* the calling thread's, under run_mu */
-    /* LIO_ADVISE_AHEAD's queue and thread (advisor), under adv_mu */
-    pthread_mutex_t adv_mu;
-    pthread_cond_t adv_work;
-    pthread_t adv_thread;
-    int adv_state;            /* 0 not started, 1 running, -1 cannot start */
-    int adv_stop;
-    unsigned adv_head, adv_n;
-    uint64_t adv_off[ADVICE_QUEUE], adv_len[ADVICE_QUEUE];
 };
 
 /* A planned read (whose extent was checked against the file size) met the
@@ -837,8 +825,6 @@ int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->work, NULL);
     pthread_cond_init(&pool->done, NULL);
-    pthread_mutex_init(&pool->adv_mu, NULL);
-    pthread_cond_init(&pool->adv_work, NULL);
     pool->threads = calloc(nthreads ? nthreads : 1, sizeof *pool->threads);
     if (!pool->threads) {
         lio_pool_close(pool);
@@ -930,75 +916,12 @@ static void read_region(lio_pool *pool, uint64_t off, uint64_t len)
     lio_plan_free(&plan);
 }
 
-static void pool_advise(void *ctx, uint64_t off, uint64_t len, int advice);
-
-/* LIO_ADVISE_AHEAD: a walk's read-ahead in file order, asked for by a
- * thread of the pool's own.  A WILLNEED advice submits the reads of a
- * block device from the thread that gives it, and on a virtual machine
- * each request is an exit to the hypervisor: with 128 KiB requests the
- * submissions were a fifth of a cold walk's CPU (perf: vp_notify).  The
- * advisor takes them to the other core while the walk copies.  It drains
- * its queue before the pool closes: advice given is advice taken. */
-static void *advisor(void *arg)
-{
-    lio_pool *pool = arg;
-#ifdef __linux__
-    pthread_setname_np(pthread_self(), "lmdbio-advise");
-#endif
-    pthread_mutex_lock(&pool->adv_mu);
-    for (;;) {
-        uint64_t off, len;
-        while (!pool->adv_n && !pool->adv_stop)
-            pthread_cond_wait(&pool->adv_work, &pool->adv_mu);
-        if (!pool->adv_n)
-            break;
-        off = pool->adv_off[pool->adv_head];
-        len = pool->adv_len[pool->adv_head];
-        pool->adv_head = (pool->adv_head + 1) % ADVICE_QUEUE;
-        pool->adv_n--;
-        pthread_mutex_unlock(&pool->adv_mu);
-        pool_advise(pool, off, len, LIO_ADVISE_WILLNEED);
-        pthread_mutex_lock(&pool->adv_mu);
-    }
-    pthread_mutex_unlock(&pool->adv_mu);
-    return NULL;
-}
-
-/* Hand [off, off+len) to the advisor: 0 when it cannot take it (a forked
- * child, no thread, a full queue), and the caller advises it itself. */
-static int queue_advice(lio_pool *pool, uint64_t off, uint64_t len)
-{
-    int queued = 0;
-    if (pool->pid != getpid())
-        return 0;
-    pthread_mutex_lock(&pool->adv_mu);
-    if (pool->adv_state == 0 && !pool->adv_stop)
-        pool->adv_state = pthread_create(&pool->adv_thread, NULL, advisor,
-                                         pool) ? -1 : 1;
-    if (pool->adv_state == 1 && !pool->adv_stop &&
-        pool->adv_n < ADVICE_QUEUE) {
-        unsigned at = (pool->adv_head + pool->adv_n) % ADVICE_QUEUE;
-        pool->adv_off[at] = off;
-        pool->adv_len[at] = len;
-        pool->adv_n++;
-        pthread_cond_signal(&pool->adv_work);
-        queued = 1;
-    }
-    pthread_mutex_unlock(&pool->adv_mu);
-    return queued;
-}
-
 /* The page cache's advice calls (no effect, and no harm, under O_DIRECT). */
 static void pool_advise(void *ctx, uint64_t off, uint64_t len, int advice)
 {
     lio_pool *pool = ctx;
     if (pool->p->align > 1)
         return;
-    if (advice == LIO_ADVISE_AHEAD) {
-        if (queue_advice(pool, off, len))
-            return;
-        advice = LIO_ADVISE_WILLNEED;
-    }
     if (advice == LIO_ADVISE_WILLNEED) {
         int cached = region_cached(pool, off, &len);
         __atomic_add_fetch(cached == 1 ? &pool->advice_skipped
@@ -1141,12 +1064,6 @@ void lio_pool_close(lio_pool *pool)
         free(pool);
         return;
     }
-    pthread_mutex_lock(&pool->adv_mu);
-    pool->adv_stop = 1;
-    pthread_cond_signal(&pool->adv_work);
-    pthread_mutex_unlock(&pool->adv_mu);
-    if (pool->adv_state == 1)
-        pthread_join(pool->adv_thread, NULL);
     pthread_mutex_lock(&pool->mu);
     pool->stop = 1;
     pthread_cond_broadcast(&pool->work);
@@ -1157,8 +1074,6 @@ void lio_pool_close(lio_pool *pool)
     free(pool->caller_sink.buf);
     pthread_cond_destroy(&pool->work);
     pthread_cond_destroy(&pool->done);
-    pthread_cond_destroy(&pool->adv_work);
-    pthread_mutex_destroy(&pool->adv_mu);
     pthread_mutex_destroy(&pool->mu);
     pthread_mutex_destroy(&pool->run_mu);
     free(pool);

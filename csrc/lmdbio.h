@@ -332,9 +332,6 @@ int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len);
 /* Advice an executor may pass on to the storage's cache. */
 #define LIO_ADVISE_WILLNEED 1    /* fetch this range soon, in large reads */
 #define LIO_ADVISE_DONTNEED 2    /* this range was consumed: drop it */
-#define LIO_ADVISE_AHEAD 3       /* WILLNEED, asked from a thread of the
-                                  * executor's own where it has one: the
-                                  * caller goes on meanwhile */
 
 /* Who performs a plan: the POSIX pool below, or MPI-IO from Python. */
 typedef struct lio_executor {

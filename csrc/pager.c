@@ -821,13 +821,12 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_unlock(&env->ra_lock);
 }
 
-/* Ask the OS for block b in the background (under ra_lock), from the
- * executor's own thread where it has one (LIO_ADVISE_AHEAD). */
+/* Ask the OS for block b in the background (under ra_lock). */
 static void advise_block(lio_env *env, const lio_executor *ex, uint64_t b)
 {
     env->around_map[b >> 3] |= (uint8_t)(1u << (b & 7));
     ex->advise(ex->ctx, b * around_pages(env) * env->psize,
-               around_pages(env) * env->psize, LIO_ADVISE_AHEAD);
+               around_pages(env) * env->psize, LIO_ADVISE_WILLNEED);
 }
 
 /* Blocks within the OS's own read-ahead of the page a walk is on are left
