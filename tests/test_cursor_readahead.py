@@ -273,6 +273,25 @@ def _leaves_in_key_order(path, db=b"t"):
     return f, sorted(leaves, key=lambda p: p.nodes[0].key)
 
 
+def _appended(path, n):
+    """n records of 900 bytes appended to database t (4 a leaf, leaves in
+    file order): its file, leaves in key order and size in bytes."""
+    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(n)],
+                name=b"t")
+    f, leaves = _leaves_in_key_order(path)
+    assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
+    return f, leaves, f.file_pages() * f.psize
+
+
+def _walk(txn, records):
+    """A cursor of txn stepped from its first record `records` times."""
+    cur = txn.cursor()
+    assert cur.first()
+    for _ in range(records):
+        assert cur.next()
+    return cur
+
+
 def scan_to_damage(txn):
     """The records a full cursor scan yields before CorruptedError."""
     got = []
@@ -431,16 +450,12 @@ def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
     read-ahead it does not.  (With an 8 MiB window the OS's own read-ahead
     covers it and nothing is asked.)"""
     path = str(tmp_path)
-    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(12000)],
-                name=b"t")
-    f, leaves = _leaves_in_key_order(path)
+    f, leaves, size = _appended(path, 12000)
     block = 2 << 20
-    size = f.file_pages() * f.psize
 
     def blk(leaf):
         return leaf.pgno * f.psize // block
 
-    assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
     # the first parent starting at leaf 192 or later (by then a walk asks
     # for 256 leaves after each batch) whose batch and asked-for leaves
     # qualify
@@ -460,10 +475,7 @@ def test_walk_in_file_order_asks_for_the_next_block_past_a_small_window(
 
     def walk(env):
         with env.begin(db=env.open_db(b"t")) as txn:
-            cur = txn.cursor()
-            assert cur.first()
-            for _ in range(records):
-                assert cur.next()
+            _walk(txn, records)
 
     with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
         check_advice(path, [(0, size)], [(target * block, block)], walk)
@@ -479,12 +491,8 @@ def test_walk_in_file_order_keeps_blocks_asked_for_well_ahead(tmp_path):
     parent's next leaves reach 1 MiB at most: blocks 2 to 4 of the file
     arrive whole in the OS cache; without read-ahead they do not."""
     path = str(tmp_path)
-    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(12000)],
-                name=b"t")
-    f, leaves = _leaves_in_key_order(path)
+    f, leaves, size = _appended(path, 12000)
     block = 2 << 20
-    size = f.file_pages() * f.psize
-    assert [p.pgno for p in leaves] == sorted(p.pgno for p in leaves)
     at = leaves[64].pgno * f.psize
     targets = list(range(at // block + 2, (at + (8 << 20)) // block + 1))
     assert targets == [2, 3, 4] and size > 5 * block
@@ -492,10 +500,7 @@ def test_walk_in_file_order_keeps_blocks_asked_for_well_ahead(tmp_path):
 
     def walk(env):
         with env.begin(db=env.open_db(b"t")) as txn:
-            cur = txn.cursor()
-            assert cur.first()
-            for _ in range(records):
-                assert cur.next()
+            cur = _walk(txn, records)
             assert cur.key() == leaves[64].nodes[0].key
 
     with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
@@ -514,17 +519,14 @@ def test_cold_walk_from_the_disk_keeps_asking_ahead(tmp_path):
     block after).  Stopped three quarters in, the blocks 2-8 MiB past it
     are in the OS cache: it still asks."""
     path = str(tmp_path)
-    write_items(path, [(b"%06d" % i, b"v" * 900) for i in range(48000)],
-                name=b"t")
-    f, leaves = _leaves_in_key_order(path)
+    f, leaves, size = _appended(path, 48000)
     block = 2 << 20
-    size = f.file_pages() * f.psize
-    stop = leaves[len(leaves) * 3 // 4]
-    at = stop.pgno * f.psize
+    stop = len(leaves) * 3 // 4
+    at = leaves[stop].pgno * f.psize
     ahead = [(b * block, block)
              for b in range(at // block + 2, (at + (8 << 20)) // block)]
     assert len(ahead) >= 2 and (at + (8 << 20)) < size
-    records = sum(len(p.nodes) for p in leaves[:len(leaves) * 3 // 4])
+    records = sum(len(p.nodes) for p in leaves[:stop])
     fd = os.open(f.path, os.O_RDONLY)
     try:
         with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
@@ -537,11 +539,8 @@ def test_cold_walk_from_the_disk_keeps_asking_ahead(tmp_path):
             env = lmdbio.open(path, readonly=True, lock=False, max_dbs=2)
             try:
                 with env.begin(db=env.open_db(b"t")) as txn:
-                    cur = txn.cursor()
-                    assert cur.first()
-                    for _ in range(records):
-                        assert cur.next()
-                    assert cur.key() == stop.nodes[0].key
+                    cur = _walk(txn, records)
+                    assert cur.key() == leaves[stop].nodes[0].key
                     cached = wait_cached(fd, ahead, 10)
             finally:
                 env.close()
