@@ -547,6 +547,35 @@ def test_a_block_with_a_few_pages_cached_is_still_asked_for(tmp_path):
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
                     reason="cachestat(2) called by its x86-64 number")
+def test_walk_in_file_order_asks_twice_a_large_window_ahead(tmp_path):
+    """The same walk where the OS's read-ahead window is 8 MiB: the OS
+    reads its next window only when the walk reaches the current one, so
+    the walk keeps the blocks up to twice the window past the leaf it
+    enters asked for.  Entering leaf 64, the blocks 12 to 16 MiB into the
+    file (past anything the OS's own read-ahead of the first 256 KiB
+    reaches) arrive whole in the OS cache; without read-ahead they do
+    not."""
+    path = str(tmp_path)
+    f, leaves, size = _appended(path, 30000)
+    block = 2 << 20
+    at = leaves[64].pgno * f.psize
+    targets = list(range((at + (10 << 20)) // block + 1,
+                         (at + (16 << 20)) // block))
+    assert targets == [6, 7] and size > 9 * block
+    records = sum(len(p.nodes) for p in leaves[:64])
+
+    def walk(env):
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = _walk(txn, records)
+            assert cur.key() == leaves[64].nodes[0].key
+
+    with device_queue(path, read_ahead_kb=8192):
+        check_advice(path, [(0, size)], [(b * block, block) for b in targets],
+                     walk)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
 def test_cold_walk_from_the_disk_keeps_asking_ahead(tmp_path):
     """A cold walk of a 48 MiB appended layout from the machine's own disk
     (nothing forced), its window 128 KiB.  The walk tells the device from
