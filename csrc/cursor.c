@@ -189,8 +189,11 @@ static int reads_through(const tcursor *c, unsigned level, uint64_t pgno,
 /* How far ahead of a walk in file order the blocks are asked for: at
  * least 8 MiB (with a small window, 4 and 16 MiB measured no different),
  * and twice the OS's own window where that is large (16 and 32 MiB
- * measured no different with an 8 MiB window). */
+ * measured no different with an 8 MiB window), up to 32 MiB (a network
+ * filesystem's window may be larger, and what a walk that stops early
+ * asked for is read for nothing). */
 #define WALK_LEAD_BYTES (8u << 20)
+#define WALK_LEAD_MAX_BYTES (32u << 20)
 
 /* Read-ahead that follows the tree: entering leaf pgno (not cached) from
  * slot ki of its parent, walking in direction dir, read it together with
@@ -252,9 +255,11 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
      * as the walk goes, twice that far, made the same walk 5-12% faster
      * (8 MiB window, 40 interleaved cold runs). */
     if (in_order) {
-        uint64_t lead = WALK_LEAD_BYTES / env->psize;
-        if (lead < 2 * lio_os_window_pages(env))
-            lead = 2 * lio_os_window_pages(env);
+        uint64_t lead = 2 * lio_os_window_pages(env);
+        if (lead < WALK_LEAD_BYTES / env->psize)
+            lead = WALK_LEAD_BYTES / env->psize;
+        if (lead > WALK_LEAD_MAX_BYTES / env->psize)
+            lead = WALK_LEAD_MAX_BYTES / env->psize;
         lio_page_advise_ahead(env, &cur->snap, pgno, lead);
     }
     after = m ? list[m - 1] : pgno;
