@@ -222,7 +222,7 @@ void lio_page_advise_around(lio_env *env, const lio_meta *snap, uint64_t at,
 uint64_t lio_os_window_pages(const lio_env *env);
 /* From the device: ask the OS, in the background, for the blocks after
  * page `at`'s up to the one holding page at + pages, those not read around
- * yet (a walk in file order where the OS's window is small). */
+ * yet (the lead of a walk in file order). */
 void lio_page_advise_ahead(lio_env *env, const lio_meta *snap, uint64_t at,
                            uint64_t pages);
 

@@ -293,6 +293,27 @@ def _walk(txn, records):
     return cur
 
 
+def _check_blocks_past_leaf_64(path, leaves, size, blocks, queue,
+                               before=None):
+    """check_advice over database t of `path` (`leaves` in key order,
+    `size` bytes) with the device's queue set to `queue`: a cursor walked
+    to leaf 64's first record (after before(), if given) brings the 2 MiB
+    `blocks` whole into the OS cache with read-ahead, not without."""
+    block = 2 << 20
+    records = sum(len(p.nodes) for p in leaves[:64])
+
+    def walk(env):
+        if before is not None:
+            before()
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = _walk(txn, records)
+            assert cur.key() == leaves[64].nodes[0].key
+
+    with device_queue(path, **queue):
+        check_advice(path, [(0, size)], [(b * block, block) for b in blocks],
+                     walk)
+
+
 def scan_to_damage(txn):
     """The records a full cursor scan yields before CorruptedError."""
     got = []
@@ -497,16 +518,8 @@ def test_walk_in_file_order_keeps_blocks_asked_for_well_ahead(tmp_path):
     at = leaves[64].pgno * f.psize
     targets = list(range(at // block + 2, (at + (8 << 20)) // block + 1))
     assert targets == [2, 3, 4] and size > 5 * block
-    records = sum(len(p.nodes) for p in leaves[:64])
-
-    def walk(env):
-        with env.begin(db=env.open_db(b"t")) as txn:
-            cur = _walk(txn, records)
-            assert cur.key() == leaves[64].nodes[0].key
-
-    with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
-        check_advice(path, [(0, size)], [(b * block, block) for b in targets],
-                     walk)
+    _check_blocks_past_leaf_64(path, leaves, size, targets,
+                               dict(read_ahead_kb=128, max_sectors_kb=128))
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
@@ -522,11 +535,10 @@ def test_a_block_with_a_few_pages_cached_is_still_asked_for(tmp_path):
     f, leaves, size = _appended(path, 12000)
     block = 2 << 20
     targets = [2, 3, 4]
-    records = sum(len(p.nodes) for p in leaves[:64])
     spread = [b * block + (block - 1) // 3 * i for b in targets
               for i in range(4)]
 
-    def walk(env):
+    def cache_spread_pages():
         fd = os.open(f.path, os.O_RDONLY)
         try:
             # (one page each: no read-ahead for this descriptor)
@@ -536,13 +548,10 @@ def test_a_block_with_a_few_pages_cached_is_still_asked_for(tmp_path):
             assert all(cached_pages(fd, at, 1) for at in spread)
         finally:
             os.close(fd)
-        with env.begin(db=env.open_db(b"t")) as txn:
-            cur = _walk(txn, records)
-            assert cur.key() == leaves[64].nodes[0].key
 
-    with device_queue(path, read_ahead_kb=128, max_sectors_kb=128):
-        check_advice(path, [(0, size)], [(b * block, block) for b in targets],
-                     walk)
+    _check_blocks_past_leaf_64(path, leaves, size, targets,
+                               dict(read_ahead_kb=128, max_sectors_kb=128),
+                               before=cache_spread_pages)
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
@@ -562,16 +571,8 @@ def test_walk_in_file_order_asks_twice_a_large_window_ahead(tmp_path):
     targets = list(range((at + (10 << 20)) // block + 1,
                          (at + (16 << 20)) // block))
     assert targets == [6, 7] and size > 9 * block
-    records = sum(len(p.nodes) for p in leaves[:64])
-
-    def walk(env):
-        with env.begin(db=env.open_db(b"t")) as txn:
-            cur = _walk(txn, records)
-            assert cur.key() == leaves[64].nodes[0].key
-
-    with device_queue(path, read_ahead_kb=8192):
-        check_advice(path, [(0, size)], [(b * block, block) for b in targets],
-                     walk)
+    _check_blocks_past_leaf_64(path, leaves, size, targets,
+                               dict(read_ahead_kb=8192))
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64",
