@@ -133,6 +133,17 @@ struct lio_slab {            /* cache entries allocated together */
     lio_page pages[];
 };
 
+/* The leaf directory of one tree (leafdir.c), keyed by snapshot and root:
+ * lookups counted until one is built, then shared by every cursor on it. */
+typedef struct lio_leafdir lio_leafdir;
+#define LIO_LEAFDIR_SLOTS 4
+typedef struct lio_leafdir_slot {
+    uint64_t txnid, root;
+    uint64_t lookups;        /* descents counted so far */
+    lio_leafdir *dir;        /* built (a reference), or NULL */
+    int used, building, failed;
+} lio_leafdir_slot;
+
 struct lio_env {
     lio_source src;
     uint32_t psize;
@@ -167,6 +178,7 @@ struct lio_env {
     uint64_t *ghost;          /* pgnos of lookup leaves recycled at once
                                * (pager.c; ghost_size slots, hashed) */
     size_t ghost_size;
+    lio_leafdir_slot leafdirs[LIO_LEAFDIR_SLOTS];  /* under lock */
 };
 
 /* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
@@ -254,5 +266,25 @@ int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
 int lio_check_extent(lio_env *env, uint64_t off, size_t len, uint64_t pgno,
                      lio_error *err);
 
+
+/* Free the page cache and the env (the env's layer frees what it added
+ * first: lio_env_close). */
+void lio_cache_close(lio_env *env);
+
+/* ---- leaf directories (leafdir.c) ------------------------------------- */
+
+/* The leaf directory of tree `db` in snapshot `snap`, referenced, in *out
+ * once the tree's lookups have paid for building it (NULL until then).
+ * Each call counts a lookup.  Returns 0 when the tree never has one (not
+ * memcmp key order, a single page, too large for half the cache budget,
+ * or bounds out of order): the caller stops asking. */
+int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                    lio_leafdir **out);
+/* The leaf a descent from the root would reach for `key`. */
+uint64_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key);
+/* Drop a reference from lio_leafdir_get. */
+void lio_leafdir_release(lio_env *env, lio_leafdir *d);
+/* Drop the env's own references (lio_env_close). */
+void lio_leafdirs_free(lio_env *env);
 
 #endif

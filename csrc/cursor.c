@@ -10,7 +10,7 @@
  * Layer 5 of the core (after errors, page format, page cache and env).
  * May call: errors.c (lio_fail), format.c (checks, key order, records),
  * pager.c (pages, read-ahead and its device hint, lio_read_into and
- * lio_read_segs for overflow values). */
+ * lio_read_segs for overflow values), leafdir.c (lio_get's leaf). */
 #include <stdlib.h>
 
 #include "core.h"
@@ -32,6 +32,9 @@ typedef struct tcursor {
     uint64_t pgno[LIO_MAX_DEPTH];
     uint32_t pgsize[LIO_MAX_DEPTH];
     unsigned ki[LIO_MAX_DEPTH];
+    const lio_leafdir *dir;      /* during lio_get only: go to the leaf the
+                                  * directory names (the levels above it
+                                  * are left as they were) */
 } tcursor;
 
 struct lio_cursor {
@@ -64,6 +67,9 @@ struct lio_cursor {
     size_t ahead;                /* leaves past a read-ahead batch whose
                                   * blocks a walk asks for (0: the walk
                                   * has just begun) */
+    lio_leafdir *dir;            /* the main tree's leaf directory, once
+                                  * built (a reference) */
+    int dir_ask;                 /* lio_get may still get one */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -408,6 +414,17 @@ static int page_search(tcursor *c, const lio_val *key, int first, int last)
     } else {
         if (c->db.root == LIO_EMPTY_ROOT)
             return LIO_NOTFOUND;
+        if (c->dir && !first && !last) {
+            /* the leaf the descent would reach, no branch page searched */
+            if ((rc = push_page(c, c->db.depth - 1,
+                                lio_leafdir_find(c->dir, key), 0))) {
+                c->flags &= ~(C_INITIALIZED | C_EOF);
+                return rc;
+            }
+            c->flags |= C_INITIALIZED;
+            c->flags &= ~C_EOF;
+            return LIO_SUCCESS;
+        }
         if (!(c->pin[0] && c->pgno[0] == c->db.root)) {
             if ((rc = push_page(c, 0, c->db.root, 0))) {
                 c->flags &= ~(C_INITIALIZED | C_EOF);
@@ -1355,15 +1372,28 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 {
     tcursor *c = &cur->mc;
     lio_val k = *key;
-    int exact = 0;
+    int exact = 0, rc;
     cur->err.code = 0;
     cur->walk = 0;
     /* mdb_get starts from a fresh cursor; the pinned root stays usable. */
     c->flags = 0;
     c->snum = c->top = 0;
     x_reset(c);
-    return cursor_set(c, &k, data, LIO_SET, &exact);
+    if (!cur->dir && cur->dir_ask)
+        cur->dir_ask = lio_leafdir_get(cur->env, &cur->snap, &c->db,
+                                       &cur->dir);
+    c->dir = cur->dir;
+    rc = cursor_set(c, &k, data, LIO_SET, &exact);
+    if (c->dir) {
+        /* the levels above the leaf are stale: the next positioning
+         * descends from the root */
+        c->dir = NULL;
+        c->flags &= ~C_INITIALIZED;
+    }
+    return rc;
 }
+
+int lio_cursor_has_leafdir(const lio_cursor *cur) { return cur->dir != NULL; }
 
 const lio_error *lio_cursor_error(const lio_cursor *cur) { return &cur->err; }
 
@@ -1538,6 +1568,7 @@ int lio_cursor_open(lio_cursor **out, lio_env *env, const lio_meta *snap,
     cur->env = env;
     cur->snap = *snap;
     cur->dcmp = lio_dup_cmp_kind(rec.flags);
+    cur->dir_ask = 1;
     tcursor_init(&cur->mc, cur, &rec, lio_key_cmp_kind(rec.flags),
                  dupsort ? &cur->mx : NULL);
     if (dupsort) {
@@ -1557,6 +1588,7 @@ void lio_cursor_close(lio_cursor *cur)
     release_levels(&cur->mc, 0);
     release_levels(&cur->mx, 0);
     lio_page_unpin(cur->env, cur->ov_pin);
+    lio_leafdir_release(cur->env, cur->dir);
     free(cur->ovbuf);
     free(cur->gapbuf);
     free(cur);

@@ -275,8 +275,12 @@ int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data, int forward);
  * into the caller's own input? */
 int lio_cursor_in_page(const lio_cursor *c, const lio_val *v);
 
-/* mdb_get: a SET on cursor c (reused as scratch). */
+/* mdb_get: a SET on cursor c (reused as scratch).  Once a tree's lookups
+ * have paid for it, they find the leaf in a directory of the tree's
+ * leaves instead of searching its branch pages (the same leaf). */
 int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
+/* Do c's lio_get calls use that directory now? */
+int lio_cursor_has_leafdir(const lio_cursor *c);
 
 /* Read-ahead for lookups of keys[0..n) (a batch of gets): the leaves they
  * lead to, found through the branch pages (read when not cached) with the

@@ -929,7 +929,7 @@ static void sweep_ahead(lio_env *env, const lio_meta *snap)
     pthread_mutex_unlock(&env->ra_lock);
 }
 
-void lio_env_close(lio_env *env)
+void lio_cache_close(lio_env *env)
 {
     if (!env)
         return;

@@ -1726,6 +1726,12 @@ cdef class Transaction:
             return memoryview(v) if self._buffers else v
         return _cur_val(self._scratch, &dv, self._buffers)
 
+    def _gets_use_leaf_directory(self):
+        """Whether this transaction's `get` calls find their leaf in the
+        tree's leaf directory now (tests; see docs/drop-in.md)."""
+        return bool(self._scratch != NULL and
+                    lio_cursor_has_leafdir(self._scratch))
+
     def cursor(self, db=None):
         """Shortcut for ``lmdbio.Cursor(db, self)``"""
         cdef Cursor c = Cursor.__new__(Cursor)

@@ -1,0 +1,370 @@
+/* Leaf directories: a tree's leaves found by one binary search.
+ *
+ * A lookup descends the tree through its branch pages, each a binary search
+ * over keys the node offsets point to, scattered over pages that outgrow the
+ * CPU's caches (a 500k-record tree has hundreds).  Random gets pay more for
+ * those searches than for reading the leaf.  A directory lists the tree's
+ * leaves in key order, each with its lower bound: the separator its parent
+ * holds for it (for the first child of a page, the bound the page itself
+ * inherited).  The 8 key bytes after the prefix every bound shares are kept
+ * in one array as integers, so most steps of the search compare two
+ * integers in memory the search touched recently; the full bound decides
+ * only where those 8 bytes tie.
+ *
+ * The directory gives the leaf the descent would reach: the descent picks, on
+ * each level, the child with the largest bound <= key, and when the
+ * bounds listed in key order are strictly increasing (checked while
+ * building; otherwise no directory) that is the leaf with the largest
+ * bound <= key.  A build reads every branch page, checked as a descent checks
+ * them; any failure only means no directory (a descent then reports what it
+ * finds).  Only trees in memcmp key order have one.
+ *
+ * Layer 4 of the core (after errors, page format and page cache).
+ * May call: errors.c, format.c (lio_cmp), pager.c (branch pages). */
+#include <stdlib.h>
+
+#include "core.h"
+
+struct lio_leafdir {
+    size_t n;               /* leaves */
+    uint64_t *leaf;         /* [2n]: for leaf j, [2j] its bound's bytes
+                             * skip..skip+8, big-endian, zero-padded ([0]:
+                             * 0, for minus infinity), and [2j+1] its page
+                             * number (read with them: no second miss) */
+    uint64_t *pgno;         /* [n], while building */
+    uint32_t *koff;         /* [n+1]: bound j is keys[koff[j]..koff[j+1]) */
+    uint8_t *keys;
+    uint64_t *sample;       /* [nsample]: prefix[b * DIR_BLOCK], small
+                             * enough to stay in the CPU's nearest cache */
+    size_t nsample;
+    size_t skip;            /* bytes every bound 1..n-1 starts with */
+    unsigned refs;          /* env slot + cursors (under env->lock) */
+};
+
+/* Lookups through the tree's descent before a directory is built: about
+ * twice its branch pages, so the build's reads are mostly cache hits by
+ * then and cost a few percent of what the lookups cost; and a program that
+ * looks up a handful of keys never builds one. */
+#define LEAFDIR_MIN_LOOKUPS 64u
+/* A search first picks a block of this many bounds among the samples, then
+ * the bound within it: two searches in a few cache lines each, where one
+ * over the whole array touches a line far from the last at every step. */
+#define DIR_BLOCK 16u
+#define LEAFDIR_PER_BRANCH 2u
+
+static uint64_t be_prefix(const uint8_t *p, size_t len)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < 8; i++)
+        v = (v << 8) | (i < len ? p[i] : 0);
+    return v;
+}
+
+static void dir_free(lio_leafdir *d)
+{
+    if (!d)
+        return;
+    free(d->leaf);
+    free(d->sample);
+    free(d->pgno);
+    free(d->koff);
+    free(d->keys);
+    free(d);
+}
+
+typedef struct {
+    lio_env *env;
+    const lio_meta *snap;
+    unsigned depth;
+    size_t budget;          /* bytes the directory may take */
+    size_t cap, kcap;       /* entries / key bytes allocated */
+    lio_leafdir *d;
+    lio_error err;
+} builder;
+
+/* Bytes a directory takes per leaf, besides its bound's bytes. */
+#define ENTRY_BYTES (3 * sizeof(uint64_t) + sizeof(uint32_t))
+
+static int add_leaf(builder *b, const lio_val *bound, uint64_t child)
+{
+    lio_leafdir *d = b->d;
+    size_t n = d->n, used = d->koff[n], ks = bound ? bound->size : 0;
+    /* the first bound is minus infinity, and only the first; the others
+     * increase strictly */
+    if ((n == 0) != (bound == NULL))
+        return -1;
+    if (n > 1) {
+        lio_val prev = {d->keys + d->koff[n - 1], d->koff[n] - d->koff[n - 1]};
+        if (lio_cmp(LIO_CMP_MEMN, &prev, bound) >= 0)
+            return -1;
+    }
+    if ((n + 2) * ENTRY_BYTES + used + ks > b->budget)
+        return -1;
+    if (n + 2 > b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 1024;
+        uint64_t *pg = realloc(d->pgno, cap * sizeof *pg);
+        uint32_t *ko;
+        if (!pg)
+            return -1;
+        d->pgno = pg;
+        if (!(ko = realloc(d->koff, cap * sizeof *ko)))
+            return -1;
+        d->koff = ko;
+        b->cap = cap;
+    }
+    if (ks) {
+        if (lio_grow((void **)&d->keys, &b->kcap, used + ks, 1))
+            return -1;
+        memcpy(d->keys + used, bound->data, ks);
+    }
+    d->pgno[n] = child;
+    d->koff[n + 1] = (uint32_t)(used + ks);
+    d->n = n + 1;
+    return 0;
+}
+
+/* The branch page pgno at `level`, whose first child's bound is `low`
+ * (NULL: minus infinity): its children, or the leaves under them. */
+static int visit(builder *b, uint64_t pgno, unsigned level, const lio_val *low)
+{
+    lio_page *pg;
+    const uint8_t *p;
+    unsigned n;
+    int rc = 0;
+    if (lio_page_get(b->env, b->snap, pgno, LIO_GET_AROUND, &pg, &b->err))
+        return -1;
+    p = pg->data;
+    n = pg_numkeys(p);
+    if (!(pg_flags(p) & P_BRANCH) || (pg_flags(p) & P_LEAF) || n == 0) {
+        lio_page_unpin(b->env, pg);
+        return -1;
+    }
+    if (level + 2 < b->depth) {
+        /* read the children together (from the device, in parallel) */
+        uint64_t list[LIO_PREFETCH_MAX];
+        for (unsigned i = 0; i < n; i += LIO_PREFETCH_MAX) {
+            size_t m = 0;
+            for (unsigned j = i; j < n && m < LIO_PREFETCH_MAX; j++)
+                list[m++] = nd_child(pg_node(p, j));
+            lio_page_prefetch(b->env, b->snap, list, m);
+        }
+    }
+    for (unsigned i = 0; i < n && rc == 0; i++) {
+        const uint8_t *nd = pg_node(p, i);
+        lio_val key = {nd_key(nd), nd_ksize(nd)};
+        const lio_val *bound = i == 0 ? low : &key;
+        if (level + 2 < b->depth)
+            rc = visit(b, nd_child(nd), level + 1, bound);
+        else
+            rc = add_leaf(b, bound, nd_child(nd));
+    }
+    lio_page_unpin(b->env, pg);
+    return rc;
+}
+
+static lio_leafdir *build(lio_env *env, const lio_meta *snap,
+                          const lio_dbrec *db, size_t budget)
+{
+    builder b;
+    lio_leafdir *d = calloc(1, sizeof *d);
+    size_t lo, hi, common;
+    memset(&b, 0, sizeof b);
+    if (!d || !(d->koff = calloc(1, sizeof *d->koff))) {
+        dir_free(d);
+        return NULL;
+    }
+    b.env = env;
+    b.snap = snap;
+    b.depth = db->depth;
+    b.budget = budget < UINT32_MAX ? budget : UINT32_MAX;   /* koff */
+    b.d = d;
+    if (visit(&b, db->root, 0, NULL) || d->n < 2) {
+        dir_free(d);
+        return NULL;
+    }
+    /* bounds 1..n-1 are sorted: they all share the prefix the first and
+     * the last share */
+    lo = d->koff[1];
+    hi = d->koff[d->n - 1];
+    common = 0;
+    while (common < d->koff[2] - lo && common < d->koff[d->n] - hi &&
+           d->keys[lo + common] == d->keys[hi + common])
+        common++;
+    d->skip = common;
+    if (!(d->leaf = malloc(2 * d->n * sizeof *d->leaf))) {
+        dir_free(d);
+        return NULL;
+    }
+    d->leaf[0] = 0;
+    for (size_t j = 0; j < d->n; j++) {
+        if (j)
+            d->leaf[2 * j] = be_prefix(d->keys + d->koff[j] + common,
+                                       d->koff[j + 1] - d->koff[j] - common);
+        d->leaf[2 * j + 1] = d->pgno[j];
+    }
+    free(d->pgno);
+    d->pgno = NULL;
+    d->nsample = (d->n + DIR_BLOCK - 1) / DIR_BLOCK;
+    if (!(d->sample = malloc(d->nsample * sizeof *d->sample))) {
+        dir_free(d);
+        return NULL;
+    }
+    for (size_t b = 0; b < d->nsample; b++)
+        d->sample[b] = d->leaf[2 * b * DIR_BLOCK];
+    d->refs = 1;
+    return d;
+}
+
+/* Is bound j <= the key, whose bytes after the common prefix are `tail`
+ * and their first 8 `kp` (as prefix[] holds them; p: prefix[j])? */
+static int bound_le(const lio_leafdir *d, size_t j, uint64_t p, uint64_t kp,
+                    const lio_val *tail)
+{
+    lio_val b;
+    if (j == 0)
+        return 1;                   /* minus infinity */
+    if (kp != p)
+        return kp > p;
+    b.data = d->keys + d->koff[j] + d->skip;
+    b.size = d->koff[j + 1] - d->koff[j] - d->skip;
+    return lio_cmp(LIO_CMP_MEMN, tail, &b) >= 0;
+}
+
+uint64_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key)
+{
+    const uint8_t *first = d->keys + d->koff[1];
+    size_t s = d->skip, lo, hi;
+    size_t m = key->size < s ? key->size : s;
+    int c = m ? memcmp(key->data, first, m) : 0;
+    uint64_t kp;
+    lio_val tail;
+    if (c < 0 || (c == 0 && key->size < s))
+        return d->leaf[1];          /* before every bound but the first */
+    if (c > 0)
+        return d->leaf[2 * d->n - 1];   /* after every bound */
+    tail.data = key->data + s;
+    tail.size = key->size - s;
+    kp = be_prefix(tail.data, tail.size);
+    /* the last block whose first bound is <= key, then the last bound in
+     * it that is: bound[lo] <= key < bound[hi] (bound[n]: plus infinity) */
+    lo = 0;
+    hi = d->nsample;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (bound_le(d, mid * DIR_BLOCK, d->sample[mid], kp, &tail))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    /* In the block, count the bounds whose 8 bytes are below the key's
+     * and those equal to them (no branch to mispredict; the block's few
+     * cache lines load together): the former are <= key, the latter
+     * tie and their full bounds decide.  Bound lo is <= key. */
+    lo *= DIR_BLOCK;
+    hi = lo + DIR_BLOCK < d->n ? lo + DIR_BLOCK : d->n;
+    {
+        size_t lt = 0, le = 0, j;
+        for (j = lo; j < hi; j++) {
+            lt += d->leaf[2 * j] < kp;
+            le += d->leaf[2 * j] <= kp;
+        }
+        for (j = lo + le; j > lo + lt; j--)
+            if (bound_le(d, j - 1, kp, kp, &tail))
+                return d->leaf[2 * j - 1];
+        lo += lt ? lt - 1 : 0;
+    }
+    return d->leaf[2 * lo + 1];
+}
+
+int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
+                    lio_leafdir **out)
+{
+    lio_leafdir_slot *s, *pick = NULL;
+    uint64_t need;
+    size_t budget;
+    lio_leafdir *d;
+    *out = NULL;
+    if (db->depth < 2 || db->root == LIO_EMPTY_ROOT ||
+        lio_key_cmp_kind(db->flags) != LIO_CMP_MEMN)
+        return 0;
+    need = db->branch_pages * LEAFDIR_PER_BRANCH;
+    if (need < LEAFDIR_MIN_LOOKUPS)
+        need = LEAFDIR_MIN_LOOKUPS;
+    pthread_mutex_lock(&env->lock);
+    for (unsigned i = 0; i < LIO_LEAFDIR_SLOTS; i++) {
+        s = &env->leafdirs[i];
+        if (s->root == db->root && s->txnid == snap->txnid && s->used) {
+            pick = s;
+            break;
+        }
+        /* else replace the least used slot that is not being built */
+        if (!s->building && (!pick || !s->used ||
+                             (pick->used && s->lookups < pick->lookups)))
+            pick = s;
+    }
+    if (!pick) {                    /* every slot is being built */
+        pthread_mutex_unlock(&env->lock);
+        return 1;
+    }
+    s = pick;
+    if (!(s->used && s->root == db->root && s->txnid == snap->txnid)) {
+        if (s->dir && --s->dir->refs == 0)
+            dir_free(s->dir);
+        memset(s, 0, sizeof *s);
+        s->used = 1;
+        s->root = db->root;
+        s->txnid = snap->txnid;
+    }
+    if (s->dir) {
+        s->dir->refs++;
+        *out = s->dir;
+        pthread_mutex_unlock(&env->lock);
+        return 1;
+    }
+    if (s->failed) {
+        pthread_mutex_unlock(&env->lock);
+        return 0;
+    }
+    if (s->building || ++s->lookups < need) {
+        pthread_mutex_unlock(&env->lock);
+        return 1;
+    }
+    s->building = 1;
+    budget = env->max_pages * env->psize / 2;
+    pthread_mutex_unlock(&env->lock);
+
+    d = build(env, snap, db, budget);
+
+    pthread_mutex_lock(&env->lock);
+    /* the slot stays ours while building (never replaced meanwhile) */
+    s->building = 0;
+    if (d) {
+        s->dir = d;
+        d->refs++;
+        *out = d;
+    } else {
+        s->failed = 1;
+    }
+    pthread_mutex_unlock(&env->lock);
+    return d != NULL;
+}
+
+void lio_leafdir_release(lio_env *env, lio_leafdir *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&env->lock);
+    if (--d->refs == 0)
+        dir_free(d);
+    pthread_mutex_unlock(&env->lock);
+}
+
+void lio_leafdirs_free(lio_env *env)
+{
+    for (unsigned i = 0; i < LIO_LEAFDIR_SLOTS; i++) {
+        lio_leafdir *d = env->leafdirs[i].dir;
+        if (d && --d->refs == 0)
+            dir_free(d);
+        env->leafdirs[i].dir = NULL;
+    }
+}

@@ -1,0 +1,257 @@
+"""`get` through a tree's leaf directory returns what the descent returns.
+
+Once a transaction's lookups have paid for it (about twice the tree's
+branch pages), `txn.get` finds its leaf by one search of a directory of the
+tree's leaves instead of searching each branch page (csrc/leafdir.c).
+
+* Differential against py-lmdb (which descends) on generated trees of 3 and
+  more levels whose keys share long prefixes, tie in the 8 bytes the
+  directory compares as integers, hold zero bytes (where zero padding
+  ties a key with its own prefix) and are prefixes of each other; every
+  key and keys around each one, before and after the directory exists.
+* Named databases and DUPSORT trees (the first duplicate); trees in other
+  key orders never get one, and stay exact.
+* A handful of lookups never builds one.
+* Bounds out of order (a damaged branch page): no directory, and the
+  answers are the descent's.
+* A new snapshot (a writer committed) gets its own directory and sees the
+  new data; threads looking up concurrently while it is built agree.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from lmdb_fixtures import LmdbFile, patch_bytes
+
+from conftest import import_subject, require
+
+hypothesis = require("hypothesis", "pip install hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+lmdb = require("lmdb", "pip install lmdb")
+lmdbio = import_subject("lmdbio")
+
+
+def write(path, items, dupsort=False, name=None, **flags):
+    env = lmdb.open(str(path), map_size=1 << 28, max_dbs=4, subdir=True)
+    db = env.open_db(name, dupsort=dupsort, **flags) if name else None
+    with env.begin(write=True, db=db) as txn:
+        for k, v in items:
+            txn.put(k, v, db=db)
+    env.close()
+
+
+def answers(txn, keys, db=None):
+    out = []
+    for k in keys:
+        try:
+            out.append(txn.get(k, db=db))
+        except Exception as exc:        # an empty or too long key
+            out.append(type(exc).__name__)
+    return out
+
+
+def probes(keys, rng):
+    """Every key, and keys around each: its prefixes, longer keys, bytes
+    changed at the end, in a random order."""
+    out = list(keys)
+    for k in keys:
+        out += [k + b"\x00", k + b"\xff", k[:-1], k[: len(k) // 2],
+                k[:-1] + bytes([(k[-1] + 1) % 256])]
+    out += [b"\x00", b"\xff" * 20, b"\x00" * 30]
+    rng.shuffle(out)
+    return [k for k in out if k]
+
+
+def depth(path, name=None):
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=4)
+    db = env.open_db(name, create=False) if name else None
+    d = env.stat()["depth"] if db is None else env.begin().stat(db)["depth"]
+    env.close()
+    return d
+
+
+def check(path, keys, seed, name=None, expect_dir=True, **dbflags):
+    """Gets through lmdbio, twice over the probes (the directory is built
+    during the first pass), against py-lmdb."""
+    rng = random.Random(seed)
+    ks = probes(keys, rng)
+    ref = lmdb.open(str(path), readonly=True, lock=False, max_dbs=4)
+    env = lmdbio.open(str(path), readonly=True, lock=False, max_dbs=4)
+    try:
+        rdb = ref.open_db(name, create=False, **dbflags) if name else None
+        db = env.open_db(name, create=False, **dbflags) if name else None
+        with ref.begin() as rt:
+            want = answers(rt, ks, rdb)
+        with env.begin() as txn:
+            assert answers(txn, ks, db) == want
+            assert txn._gets_use_leaf_directory() is expect_dir
+            rng.shuffle(ks)
+            with ref.begin() as rt:
+                assert answers(txn, ks, db) == answers(rt, ks, rdb)
+    finally:
+        env.close()
+        ref.close()
+
+
+# Keys: a shared prefix, a middle from few byte values (0 among them: ties
+# in the directory's 8 bytes, zero padding) and a filler that makes keys
+# long (few per branch page: deep trees from a few hundred keys).
+middles = st.binary(max_size=10).map(
+    lambda b: bytes(x % 3 * 127 for x in b))
+key_sets = st.tuples(
+    st.binary(max_size=30),
+    st.lists(st.tuples(middles, st.integers(0, 400), st.sampled_from(b"\x00a\xff")),
+             min_size=150, max_size=400),
+).map(lambda t: sorted({t[0] + m + bytes([f]) * n for m, n, f in t[1]} - {b""}))
+
+
+@settings(max_examples=12)
+@given(keys=key_sets, seed=st.integers(0, 2**32 - 1))
+def test_gets_through_the_directory_are_the_descent_s(tmp_path_factory, keys,
+                                                      seed):
+    path = tmp_path_factory.mktemp("dir")
+    order = list(keys)
+    random.Random(seed).shuffle(order)
+    write(path, [(k, b"v%d" % len(k) * 20) for k in order])
+    if depth(path) < 2:
+        return          # a single leaf: no directory to build
+    check(path, keys, seed)
+
+
+def test_a_deep_tree_of_long_shared_prefixes(tmp_path):
+    # 5 levels: every bound starts with the same 300 bytes
+    keys = [b"p" * 300 + b"%08d" % (i * 7919 % 20000) + b"q" * 150
+            for i in range(3000)]
+    write(tmp_path, [(k, b"x" * 50) for k in keys])
+    assert depth(tmp_path) >= 4
+    check(tmp_path, keys, 1)
+
+
+def test_keys_outside_the_shared_prefix(tmp_path):
+    # the bounds past the first share 300 bytes; keys in the first and last
+    # leaves that do not start with them (or stop short of them) are found
+    # by the prefix alone
+    keys = ([b"a%03d" % i for i in range(3)] + [b"p" * 150, b"p" * 299] +
+            [b"p" * 300 + b"%06d" % i for i in range(2000)] +
+            [b"z%03d" % i for i in range(3)])
+    write(tmp_path, [(k, b"v" + k[-3:]) for k in keys])
+    check(tmp_path, keys, 5)
+
+
+def test_a_named_dupsort_tree(tmp_path):
+    items = [(b"k%05d" % (i // 3) + b"-" * 200, b"d%03d" % (i * 37 % 900))
+             for i in range(6000)]
+    write(tmp_path, items, dupsort=True, name=b"dups")
+    assert depth(tmp_path, b"dups") >= 3
+    check(tmp_path, sorted({k for k, _ in items}), 2, name=b"dups",
+          dupsort=True)
+
+
+def test_other_key_orders_have_none(tmp_path):
+    keys = [b"%06d" % i + b"r" * 300 for i in range(3000)]
+    write(tmp_path, [(k, b"v") for k in keys], name=b"rev", reverse_key=True)
+    check(tmp_path, keys, 3, name=b"rev", expect_dir=False, reverse_key=True)
+
+
+def test_a_handful_of_gets_builds_none(tmp_path):
+    keys = [b"%06d" % i + b"s" * 300 for i in range(3000)]
+    write(tmp_path, [(k, b"v") for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False)
+    with env.begin() as txn:
+        for k in keys[::300]:
+            assert txn.get(k) == b"v"
+        assert txn._gets_use_leaf_directory() is False
+    env.close()
+
+
+def test_bounds_out_of_order_build_none(tmp_path):
+    keys = [b"%06d" % i + b"t" * 300 for i in range(3000)]
+    write(tmp_path, [(k, b"v%d" % i) for i, k in enumerate(keys)])
+    f = LmdbFile(tmp_path)
+    # a separator of a page above the leaves made smaller than the one
+    # before it (its first byte 0: below every key)
+    page = next(p for p in f.branches() if len(p.nodes) >= 3 and
+                all(f.pages[n.child].flags & 2 for n in p.nodes))
+    patch_bytes(tmp_path / "data.mdb", page.nodes[2].key_offset, b"\x00")
+    # the descent (py-lmdb's too) now sends some keys to the wrong leaf:
+    # the same answers either way, and no directory
+    check(tmp_path, keys, 4, expect_dir=False)
+
+
+def test_a_new_snapshot_gets_its_own(tmp_path):
+    keys = [b"%06d" % i + b"u" * 300 for i in range(0, 6000, 2)]
+    write(tmp_path, [(k, b"old") for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True)
+    w = lmdb.open(str(tmp_path), map_size=1 << 28)
+    try:
+        with env.begin() as txn:
+            assert answers(txn, keys) == [b"old"] * len(keys)
+            assert txn._gets_use_leaf_directory()
+        with w.begin(write=True) as wt:
+            for k in keys[::3]:
+                wt.put(k, b"new")
+            for i in range(1, 6000, 4):
+                wt.put(b"%06d" % i + b"u" * 300, b"added")
+        every = sorted(keys + [b"%06d" % i + b"u" * 300
+                               for i in range(1, 6000, 2)])
+        with env.begin() as txn, w.begin() as rt:
+            got = answers(txn, every)
+            assert txn._gets_use_leaf_directory()
+            assert got == answers(rt, every)
+            assert got.count(b"new") == len(keys[::3])
+    finally:
+        env.close()
+        w.close()
+
+
+def test_threads_agree_while_it_is_built(tmp_path):
+    keys = [b"%07d" % (i * 7919 % 40000) + b"w" * 100 for i in range(20000)]
+    write(tmp_path, [(k, k[:7]) for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False)
+    errors = []
+
+    def worker(seed):
+        ks = list(keys)
+        random.Random(seed).shuffle(ks)
+        try:
+            for start in range(0, len(ks), 2000):
+                with env.begin() as txn:     # many transactions, one tree
+                    for k in ks[start:start + 2000]:
+                        if txn.get(k) != k[:7]:
+                            errors.append(k)
+                    if txn.get(b"9" * 8) is not None:
+                        errors.append(b"9" * 8)
+        except Exception as exc:            # pragma: no cover - reported
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with env.begin() as txn:
+        for k in keys[:500]:
+            txn.get(k)
+        assert txn._gets_use_leaf_directory()
+    env.close()
+    assert errors == []
+
+
+@pytest.mark.parametrize("cache_bytes", [0])
+def test_a_tree_too_large_for_the_cache_has_none(tmp_path, cache_bytes):
+    # cache_bytes=0: the smallest cache (64 pages); half of it holds far
+    # fewer bounds than this tree has leaves
+    keys = [b"%06d" % i + b"x" * 200 for i in range(20000)]
+    write(tmp_path, [(k, b"v") for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=cache_bytes)
+    with env.begin() as txn:
+        assert [txn.get(k) for k in keys] == [b"v"] * len(keys)
+        assert txn._gets_use_leaf_directory() is False
+    env.close()
