@@ -248,13 +248,15 @@ uint64_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key)
     /* the last block whose first bound is <= key, then the last bound in
      * it that is: bound[lo] <= key < bound[hi] (bound[n]: plus infinity) */
     lo = 0;
-    hi = d->nsample;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (bound_le(d, mid * DIR_BLOCK, d->sample[mid], kp, &tail))
-            lo = mid;
-        else
-            hi = mid;
+    for (size_t len = d->nsample; len > 1; len -= len / 2) {
+        /* (a conditional move, not a branch the CPU would guess wrong
+         * half the time; 8 bytes rarely tie) */
+        size_t mid = lo + len / 2;
+        uint64_t p = d->sample[mid];
+        int le = kp > p;
+        if (__builtin_expect(kp == p, 0))
+            le = bound_le(d, mid * DIR_BLOCK, p, kp, &tail);
+        lo = le ? mid : lo;
     }
     /* In the block, count the bounds whose 8 bytes are below the key's
      * and those equal to them (no branch to mispredict; the block's few
