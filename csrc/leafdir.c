@@ -79,6 +79,7 @@ typedef struct {
     size_t budget;          /* bytes the directory may take */
     size_t cap, kcap;       /* entries / key bytes allocated */
     lio_leafdir *d;
+    uint64_t list[LIO_PREFETCH_MAX];   /* children to read together */
     lio_error err;
 } builder;
 
@@ -141,12 +142,11 @@ static int visit(builder *b, uint64_t pgno, unsigned level, const lio_val *low)
     }
     if (level + 2 < b->depth) {
         /* read the children together (from the device, in parallel) */
-        uint64_t list[LIO_PREFETCH_MAX];
         for (unsigned i = 0; i < n; i += LIO_PREFETCH_MAX) {
             size_t m = 0;
             for (unsigned j = i; j < n && m < LIO_PREFETCH_MAX; j++)
-                list[m++] = nd_child(pg_node(p, j));
-            lio_page_prefetch(b->env, b->snap, list, m);
+                b->list[m++] = nd_child(pg_node(p, j));
+            lio_page_prefetch(b->env, b->snap, b->list, m);
         }
     }
     for (unsigned i = 0; i < n && rc == 0; i++) {
@@ -165,20 +165,23 @@ static int visit(builder *b, uint64_t pgno, unsigned level, const lio_val *low)
 static lio_leafdir *build(lio_env *env, const lio_meta *snap,
                           const lio_dbrec *db, size_t budget)
 {
-    builder b;
+    builder *bp = calloc(1, sizeof *bp);
     lio_leafdir *d = calloc(1, sizeof *d);
     size_t lo, hi, common;
-    memset(&b, 0, sizeof b);
-    if (!d || !(d->koff = calloc(1, sizeof *d->koff))) {
+    int rc;
+    if (!bp || !d || !(d->koff = calloc(1, sizeof *d->koff))) {
+        free(bp);
         dir_free(d);
         return NULL;
     }
-    b.env = env;
-    b.snap = snap;
-    b.depth = db->depth;
-    b.budget = budget < UINT32_MAX ? budget : UINT32_MAX;   /* koff */
-    b.d = d;
-    if (visit(&b, db->root, 0, NULL) || d->n < 2) {
+    bp->env = env;
+    bp->snap = snap;
+    bp->depth = db->depth;
+    bp->budget = budget < UINT32_MAX ? budget : UINT32_MAX;   /* koff */
+    bp->d = d;
+    rc = visit(bp, db->root, 0, NULL);
+    free(bp);
+    if (rc || d->n < 2) {
         dir_free(d);
         return NULL;
     }
@@ -286,7 +289,10 @@ int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     size_t budget;
     lio_leafdir *d;
     *out = NULL;
-    if (db->depth < 2 || db->root == LIO_EMPTY_ROOT ||
+    /* (a recorded depth past LIO_MAX_DEPTH is corrupt: the descent says
+     * so, and the build's recursion stays bounded) */
+    if (db->depth < 2 || db->depth > LIO_MAX_DEPTH ||
+        db->root == LIO_EMPTY_ROOT ||
         lio_key_cmp_kind(db->flags) != LIO_CMP_MEMN)
         return 0;
     need = db->branch_pages * LEAFDIR_PER_BRANCH;

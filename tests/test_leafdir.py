@@ -25,7 +25,7 @@ import threading
 
 import pytest
 
-from lmdb_fixtures import LmdbFile, patch_bytes
+from lmdb_fixtures import LmdbFile, patch_bytes, set_branch_child
 
 from conftest import import_subject, require
 
@@ -182,6 +182,37 @@ def test_bounds_out_of_order_build_none(tmp_path):
     # the descent (py-lmdb's too) now sends some keys to the wrong leaf:
     # the same answers either way, and no directory
     check(tmp_path, keys, 4, expect_dir=False)
+
+
+def test_a_branch_pointing_back_at_the_root(tmp_path):
+    # a cycle: the build refuses it (a bound repeats), and lookups descend,
+    # answering where py-lmdb answers and raising lmdbio's error elsewhere
+    keys = [b"%06d" % i + b"c" * 300 for i in range(6000)]
+    write(tmp_path, [(k, b"v%d" % i) for i, k in enumerate(keys)])
+    f = LmdbFile(tmp_path)
+    assert f.meta.main_db.depth >= 4
+    page = next(p for p in f.branches() if p.level == 1)
+    set_branch_child(tmp_path / "data.mdb", page.nodes[-1],
+                     f.meta.main_db.root)
+    ref = lmdb.open(str(tmp_path), readonly=True, lock=False)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False)
+    failed = 0
+    with env.begin() as txn:
+        for k in keys + keys:
+            try:
+                with ref.begin() as rt:     # (an error ends py-lmdb's)
+                    want = rt.get(k)
+            except lmdb.Error:
+                want = None
+                with pytest.raises(lmdbio.Error):
+                    txn.get(k)
+                failed += 1
+            else:
+                assert txn.get(k) == want
+        assert txn._gets_use_leaf_directory() is False
+    env.close()
+    ref.close()
+    assert 0 < failed < 2 * len(keys)
 
 
 def test_a_new_snapshot_gets_its_own(tmp_path):
