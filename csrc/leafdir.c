@@ -1,4 +1,4 @@
-/* Leaf directories: a tree's leaves found by one binary search.
+/* Leaf directories: a tree's leaf for a key found in one array.
  *
  * A lookup descends the tree through its branch pages, each a binary search
  * over keys the node offsets point to, scattered over pages that outgrow the
@@ -34,8 +34,9 @@ struct lio_leafdir {
     uint64_t *pgno;         /* [n], while building */
     uint32_t *koff;         /* [n+1]: bound j is keys[koff[j]..koff[j+1]) */
     uint8_t *keys;
-    uint64_t *sample;       /* [nsample]: prefix[b * DIR_BLOCK], small
-                             * enough to stay in the CPU's nearest cache */
+    uint64_t *sample;       /* [nsample]: the bound bytes of leaf
+                             * b * DIR_BLOCK (a small array the CPU keeps
+                             * cached) */
     size_t nsample;
     size_t skip;            /* bytes every bound 1..n-1 starts with */
     unsigned refs;          /* env slot + cursors (under env->lock) */
@@ -46,11 +47,11 @@ struct lio_leafdir {
  * then and cost a few percent of what the lookups cost; and a program that
  * looks up a handful of keys never builds one. */
 #define LEAFDIR_MIN_LOOKUPS 64u
+#define LEAFDIR_PER_BRANCH 2u
 /* A search first picks a block of this many bounds among the samples, then
  * the bound within it: two searches in a few cache lines each, where one
  * over the whole array touches a line far from the last at every step. */
 #define DIR_BLOCK 16u
-#define LEAFDIR_PER_BRANCH 2u
 
 static uint64_t be_prefix(const uint8_t *p, size_t len)
 {
@@ -219,7 +220,7 @@ static lio_leafdir *build(lio_env *env, const lio_meta *snap,
 }
 
 /* Is bound j <= the key, whose bytes after the common prefix are `tail`
- * and their first 8 `kp` (as prefix[] holds them; p: prefix[j])? */
+ * and their first 8 `kp` (as the directory holds them; p: bound j's)? */
 static int bound_le(const lio_leafdir *d, size_t j, uint64_t p, uint64_t kp,
                     const lio_val *tail)
 {
