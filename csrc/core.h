@@ -168,8 +168,8 @@ struct lio_env {
     int device_reads;         /* slow-read score (pager.c; no lock: a
                                * hint) */
     int assume_device;        /* lio_env_assume_device */
-    unsigned untimed;         /* page reads since one was timed (pager.c;
-                               * no lock: a hint) */
+    unsigned page_reads;      /* reads of single pages, for the choice of
+                               * those timed (pager.c; no lock: a hint) */
     long inblock;             /* the process's blocks read in, last seen */
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint8_t *around_sink;     /* where their unwanted pages are read */

@@ -379,21 +379,20 @@ static void note_read(lio_env *env, int slow)
     __atomic_store_n(&env->device_reads, d < 0 ? 0 : d, __ATOMIC_RELAXED);
 }
 
-/* Timing a read takes two clock reads, 0.1 us of a 2.7 us lookup.  While
- * the score says the OS cache serves the reads (0: no slow read lately),
- * one page read in TIME_EVERY is timed, so a device taking over is seen
- * within that many reads; after a slow one, every read is, until the
- * score is back to 0. */
+/* Timing a read takes two clock reads, 0.1 us of a 2.7 us lookup.  The
+ * env's first TIME_FIRST page reads are all timed (a cold start is seen as
+ * soon as it is now); after that, while the score says the OS cache
+ * serves the reads (0: no slow read lately), one in TIME_EVERY is, so a
+ * device taking over is seen within that many reads, and after a slow one
+ * every read is until the score is back to 0. */
+#define TIME_FIRST 64u
 #define TIME_EVERY 8u
 static int time_this_read(lio_env *env)
 {
-    unsigned n;
-    if (env->assume_device ||
-        __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > 0)
-        return 1;
-    n = __atomic_load_n(&env->untimed, __ATOMIC_RELAXED) + 1;
-    __atomic_store_n(&env->untimed, n % TIME_EVERY, __ATOMIC_RELAXED);
-    return n % TIME_EVERY == 0;
+    unsigned n = __atomic_load_n(&env->page_reads, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&env->page_reads, n, __ATOMIC_RELAXED);
+    return n <= TIME_FIRST || n % TIME_EVERY == 0 || env->assume_device ||
+           __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > 0;
 }
 
 static int from_device(lio_env *env)

@@ -1149,12 +1149,16 @@ static int t_fork(lfile *f)
  * device (the OS counts its storage reads as blocks read in). */
 typedef struct slow_src {
     lio_source inner;
+    int fast_left;          /* reads served at once before the slow ones */
 } slow_src;
 
 static int64_t slow_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
     slow_src *s = ctx;
-    sleep_us(300);
+    if (s->fast_left > 0)
+        s->fast_left--;
+    else
+        sleep_us(300);
     return s->inner.read(s->inner.ctx, off, buf, len);
 }
 
@@ -1187,6 +1191,7 @@ static int t_device(lfile *f)
         src.size = slow_size;
         src.align = 1;
         src.counted_reads = counted;
+        s.fast_left = 0;
         set_case("device/%s/counted=%d", f->label, counted);
         LIO_OK(lio_env_open(&env, &src, (size_t)4 << 20, 0, &err), &err);
         if (lio_env_snapshot(env, 0, &snap, &err)) {
@@ -1221,6 +1226,73 @@ static int t_device(lfile *f)
     return 0;
 }
 
+/* Storage that turns slow after many fast reads (a network filesystem's
+ * cache dropping the file, say): once the env times only some of its
+ * reads, it still takes the slow ones as the storage's within a few. */
+static int t_device_later(lfile *f)
+{
+    slow_src s;
+    lio_source src;
+    lio_env *env = NULL;
+    lio_meta snap;
+    lio_error err;
+    uint64_t nl = f->idx->nleaves, k, slow_reads = 0;
+    const uint64_t fast = 200;
+    s.inner = f->src;
+    s.fast_left = 1 << 20;
+    memset(&src, 0, sizeof src);
+    src.ctx = &s;
+    src.read = slow_read;
+    src.size = slow_size;
+    src.align = 1;
+    src.counted_reads = 0;
+    set_case("device_later/%s", f->label);
+    if (nl < fast + 40) {
+        fail("%llu leaves: too few for the test", (unsigned long long)nl);
+        return 0;
+    }
+    LIO_OK(lio_env_open(&env, &src, (size_t)4 << 20, 0, &err), &err);
+    if (lio_env_snapshot(env, 0, &snap, &err)) {
+        fail("snapshot: %s", err.msg);
+        lio_env_close(env);
+        return 0;
+    }
+    s.fast_left = (int)fast;     /* one read a leaf from here on */
+    /* distinct leaves, each read once: the first `fast` reads fast (past
+     * the env's first reads, which are all timed), then slow ones */
+    for (k = 0; k < fast + 40; k++) {
+        lio_page *pg;
+        uint64_t leaf = f->idx->leaf_pgno[k * (nl - 1) / (fast + 40)];
+        if (k == fast && lio_env_from_device(env)) {
+            /* a busy machine made fast reads late: nothing to decide */
+            note("device_later/%s: fast reads taken as the storage's, not "
+                 "decided", f->label);
+            lio_env_close(env);
+            return 0;
+        }
+        if (k >= fast && lio_env_from_device(env))
+            break;
+        if (lio_page_get(env, &snap, leaf, LIO_GET_AROUND, &pg, &err)) {
+            fail("page %llu: %s", (unsigned long long)leaf, err.msg);
+            break;
+        }
+        lio_page_unpin(env, pg);
+        if (k >= fast)
+            slow_reads++;
+    }
+    if (!lio_env_from_device(env) || slow_reads > 12)
+        fail("storage slow after %llu fast reads: %s after %llu slow ones "
+             "(at most 12 wanted)", (unsigned long long)fast,
+             lio_env_from_device(env) ? "taken as the storage's"
+                                      : "not taken as the storage's",
+             (unsigned long long)slow_reads);
+    else
+        note("device_later/%s: the storage's after %llu slow reads",
+             f->label, (unsigned long long)slow_reads);
+    lio_env_close(env);
+    return 0;
+}
+
 /* ---- driver ---------------------------------------------------------------------- */
 
 static const struct {
@@ -1233,6 +1305,7 @@ static const struct {
     {"stop_thread", t_stop_thread},
     {"fork", t_fork},
     {"device", t_device},
+    {"device_later", t_device_later},
 };
 #define NTESTS (sizeof tests / sizeof *tests)
 
