@@ -78,7 +78,7 @@ typedef struct {
     const lio_meta *snap;
     unsigned depth;
     size_t budget;          /* bytes the directory may take */
-    size_t cap, kcap;       /* entries / key bytes allocated */
+    size_t cap, kocap, kcap;   /* pgno[], koff[] and keys[] allocated */
     lio_leafdir *d;
     uint64_t list[LIO_PREFETCH_MAX];   /* children to read together */
     lio_error err;
@@ -102,18 +102,9 @@ static int add_leaf(builder *b, const lio_val *bound, uint64_t child)
     }
     if ((n + 2) * ENTRY_BYTES + used + ks > b->budget)
         return -1;
-    if (n + 2 > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 1024;
-        uint64_t *pg = realloc(d->pgno, cap * sizeof *pg);
-        uint32_t *ko;
-        if (!pg)
-            return -1;
-        d->pgno = pg;
-        if (!(ko = realloc(d->koff, cap * sizeof *ko)))
-            return -1;
-        d->koff = ko;
-        b->cap = cap;
-    }
+    if (lio_grow((void **)&d->pgno, &b->cap, n + 1, sizeof *d->pgno) ||
+        lio_grow((void **)&d->koff, &b->kocap, n + 2, sizeof *d->koff))
+        return -1;
     if (ks) {
         if (lio_grow((void **)&d->keys, &b->kcap, used + ks, 1))
             return -1;
@@ -179,6 +170,7 @@ static lio_leafdir *build(lio_env *env, const lio_meta *snap,
     bp->snap = snap;
     bp->depth = db->depth;
     bp->budget = budget < UINT32_MAX ? budget : UINT32_MAX;   /* koff */
+    bp->kocap = 1;
     bp->d = d;
     rc = visit(bp, db->root, 0, NULL);
     free(bp);
