@@ -282,8 +282,33 @@ void lio_cache_close(lio_env *env);
  * or bounds out of order): the caller stops asking. */
 int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                     lio_leafdir **out);
-/* The leaf a descent from the root would reach for `key`. */
-uint64_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key);
+/* The leaf (its index in key order) a descent from the root would reach
+ * for `key`, and that leaf's page number. */
+size_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key);
+uint64_t lio_leafdir_pgno(const lio_leafdir *d, size_t j);
+
+/* Where each record of a leaf sits in its page, so that a lookup reads
+ * the record alone: n spans in key order. */
+typedef struct lio_span {
+    uint16_t print;          /* lio_key_print of its key */
+    uint16_t off, len;       /* its node: header, key and value (an
+                              * overflow run's page number) */
+} lio_span;
+typedef struct lio_leafspans {
+    uint64_t pgno;           /* the leaf's */
+    uint32_t n;
+    lio_span s[];
+} lio_leafspans;
+/* 16 bits of a hash of the key. */
+uint16_t lio_key_print(const lio_val *key);
+/* Leaf j's spans, or NULL: the directory keeps none, the leaf has none
+ * (a record that is not a plain value, or no room left), or not yet
+ * noted. */
+const lio_leafspans *lio_leafdir_spans(const lio_leafdir *d, size_t j);
+/* Note leaf j's spans from its page, read and checked by a lookup
+ * (thread-safe; the first note stays). */
+void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
+                      uint32_t psize);
 /* Drop a reference from lio_leafdir_get. */
 void lio_leafdir_release(lio_env *env, lio_leafdir *d);
 /* Drop the env's own references (lio_env_close). */

@@ -34,7 +34,8 @@ typedef struct tcursor {
     unsigned ki[LIO_MAX_DEPTH];
     const lio_leafdir *dir;      /* during lio_get only: go to the leaf the
                                   * directory names (the levels above it
-                                  * are left as they were) */
+                                  * are left as they were): */
+    size_t dir_leaf;             /* this one */
 } tcursor;
 
 struct lio_cursor {
@@ -70,6 +71,9 @@ struct lio_cursor {
     lio_leafdir *dir;            /* the main tree's leaf directory, once
                                   * built (a reference) */
     int dir_ask;                 /* lio_get may still get one */
+    uint8_t *nodebuf;            /* the last record lio_get read alone */
+    size_t nodecap;
+    uint64_t span_gets;          /* lio_cursor_gets_by_span */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -417,7 +421,7 @@ static int page_search(tcursor *c, const lio_val *key, int first, int last)
         if (c->dir && !first && !last) {
             /* the leaf the descent would reach, no branch page searched */
             if ((rc = push_page(c, c->db.depth - 1,
-                                lio_leafdir_find(c->dir, key), 0))) {
+                                lio_leafdir_pgno(c->dir, c->dir_leaf), 0))) {
                 c->flags &= ~(C_INITIALIZED | C_EOF);
                 return rc;
             }
@@ -640,7 +644,9 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
          * go key after key (a get loop in key order): a random lookup that
          * read a batch for one value was 17x slower than py-lmdb's. */
         unsigned ki = c->ki[c->top];
-        batch = cur->seek_leaf == c->pgno[c->top] && ki == cur->seek_ki + 1;
+        /* (no leaf held: lio_get read the record alone) */
+        batch = c->snum && cur->seek_leaf == c->pgno[c->top] &&
+                ki == cur->seek_ki + 1;
         cur->seek_leaf = c->pgno[c->top];
         cur->seek_ki = ki;
     }
@@ -1368,6 +1374,47 @@ int lio_cursor_count(lio_cursor *cur, uint64_t *count)
     return LIO_SUCCESS;
 }
 
+/* What lio_get_span found: the answer, or a reason to read the page. */
+#define READ_THE_PAGE (-1)
+
+/* lio_get from the record's span in its leaf's spans t: one read of the record,
+ * none for a key the leaf lacks.  The leaf's page, read by the lookup that
+ * noted the spans, was checked; the record is checked against its span
+ * (a file changed under a reader without a lock reads the page instead). */
+static int get_by_span(lio_cursor *cur, const lio_leafspans *t,
+                       const lio_val *key, lio_val *data)
+{
+    tcursor *c = &cur->mc;
+    lio_env *env = cur->env;
+    uint64_t pgno = t->pgno;
+    uint16_t print = lio_key_print(key);
+    for (uint32_t i = 0; i < t->n; i++) {
+        const lio_span *sp = &t->s[i];
+        const uint8_t *nd;
+        uint16_t flags;
+        int rc;
+        if (sp->print != print)
+            continue;
+        if ((rc = lio_read_into(env, pgno * env->psize + sp->off, sp->len,
+                                &cur->nodebuf, &cur->nodecap, &nd, pgno,
+                                &cur->err)))
+            return rc;
+        flags = nd_flags(nd);
+        if ((flags & ~F_BIGDATA) || NODEHDRSZ + (size_t)nd_ksize(nd) +
+            (flags & F_BIGDATA ? 8 : nd_dsize(nd)) != sp->len)
+            return READ_THE_PAGE;
+        if (nd_ksize(nd) != key->size ||
+            memcmp(nd_key(nd), key->data, key->size))
+            continue;               /* another key with the same print */
+        if (flags & F_BIGDATA)
+            return read_overflow(c, nd, data, 1);
+        data->data = nd_data(nd);
+        data->size = nd_dsize(nd);
+        return LIO_SUCCESS;
+    }
+    return LIO_NOTFOUND;            /* the leaf holds no such key */
+}
+
 int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 {
     tcursor *c = &cur->mc;
@@ -1383,8 +1430,30 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
         cur->dir_ask = lio_leafdir_get(cur->env, &cur->snap, &c->db,
                                        &cur->dir);
     c->dir = cur->dir;
+    if (c->dir) {
+        const lio_leafspans *t;
+        if (key->size == 0)
+            return LIO_BAD_VALSIZE;
+        c->dir_leaf = lio_leafdir_find(c->dir, key);
+        t = lio_leafdir_spans(c->dir, c->dir_leaf);
+        if (t && data) {
+            rc = get_by_span(cur, t, key, data);
+            if (rc != READ_THE_PAGE) {
+                c->dir = NULL;
+                cur->span_gets += rc == LIO_SUCCESS || rc == LIO_NOTFOUND;
+                return rc;
+            }
+            cur->err.code = 0;
+        }
+    }
     rc = cursor_set(c, &k, data, LIO_SET, &exact);
     if (c->dir) {
+        /* note where the leaf's records sit, for the next lookups */
+        if ((rc == LIO_SUCCESS || rc == LIO_NOTFOUND) && !c->subpage &&
+            c->snum == c->db.depth &&
+            c->pgno[c->top] == lio_leafdir_pgno(c->dir, c->dir_leaf))
+            lio_leafdir_note(cur->dir, c->dir_leaf, c->pg[c->top],
+                             cur->env->psize);
         /* the levels above the leaf are stale: the next positioning
          * descends from the root */
         c->dir = NULL;
@@ -1394,6 +1463,11 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 }
 
 int lio_cursor_has_leafdir(const lio_cursor *cur) { return cur->dir != NULL; }
+
+uint64_t lio_cursor_gets_by_span(const lio_cursor *cur)
+{
+    return cur->span_gets;
+}
 
 const lio_error *lio_cursor_error(const lio_cursor *cur) { return &cur->err; }
 
@@ -1591,6 +1665,7 @@ void lio_cursor_close(lio_cursor *cur)
     lio_leafdir_release(cur->env, cur->dir);
     free(cur->ovbuf);
     free(cur->gapbuf);
+    free(cur->nodebuf);
     free(cur);
 }
 

@@ -286,3 +286,173 @@ def test_a_tree_too_large_for_the_cache_has_none(tmp_path, cache_bytes):
         assert [txn.get(k) for k in keys] == [b"v"] * len(keys)
         assert txn._gets_use_leaf_directory() is False
     env.close()
+
+
+# ---- record spans: a lookup reads its record alone --------------------
+#
+# Where a tree has more leaves than the page cache holds pages, a leaf's
+# first lookup notes where its records sit, and later lookups in it read
+# only their record (or nothing, for a key the leaf lacks).  cache_bytes=0
+# (64 pages) turns that on for trees of a few hundred leaves; the default
+# cache (16384 pages) leaves it off, so the two paths meet here.
+
+def gets_three_ways(path, ks, buffers=False):
+    """py-lmdb's answers, lmdbio's with the default cache (pages), and
+    lmdbio's with the smallest (record spans, second pass), plus how many
+    of the latter read their record alone."""
+    ref = lmdb.open(str(path), readonly=True, lock=False)
+    with ref.begin() as rt:
+        want = answers(rt, ks)
+    ref.close()
+    out = []
+    for cache in (64 << 20, 0):
+        env = lmdbio.open(str(path), readonly=True, lock=False,
+                          cache_bytes=cache)
+        with env.begin(buffers=buffers) as txn:
+            answers(txn, ks)            # notes each leaf's spans
+            got = [bytes(v) if isinstance(v, memoryview) else v
+                   for v in answers(txn, ks)]
+            out.append((got, txn._gets_by_record_span()))
+        env.close()
+    return want, out
+
+
+def tree_items(rng, n, prefix, big_share):
+    """n records: keys of a shared prefix and a random tail, values empty,
+    small, or in overflow runs (big_share of them)."""
+    keys = {prefix + rng.randbytes(rng.randint(1, 24)) for _ in range(n)}
+    items = []
+    for k in sorted(keys):
+        r = rng.random()
+        size = (0 if r < 0.05 else rng.randint(2000, 9000) if r < 0.05 +
+                big_share else rng.randint(1, 500))
+        items.append((k, rng.randbytes(size)))
+    rng.shuffle(items)
+    return items
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), prefix=st.binary(max_size=12),
+       big_share=st.sampled_from([0.0, 0.1, 0.5]),
+       buffers=st.booleans())
+def test_record_reads_are_the_page_reads(tmp_path_factory, seed, prefix,
+                                         big_share, buffers):
+    rng = random.Random(seed)
+    path = tmp_path_factory.mktemp("spans")
+    items = tree_items(rng, 2500, prefix, big_share)
+    write(path, items)
+    ks = probes([k for k, _ in items], rng)
+    want, ((pages, by_page), (spans, by_span)) = gets_three_ways(
+        path, ks, buffers)
+    assert pages == want
+    assert spans == want
+    assert by_page == 0                 # the default cache holds the leaves
+    # nearly every lookup of the second pass read its record alone (those
+    # of leaves the first pass met before the directory existed read
+    # their page)
+    assert by_span > len(ks) * 0.8
+
+
+def test_absent_keys_read_nothing(tmp_path):
+    # a key its leaf lacks is answered from the spans alone (a tree whose
+    # directory and spans fit in half the cache: about 50 KiB)
+    keys = [b"%06d" % i for i in range(0, 8000, 2)]
+    write(tmp_path, [(k, b"v" * 300) for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    with env.begin() as txn:
+        odd = [b"%06d" % i for i in range(1, 8000, 2)]
+        for _ in range(2):      # (leaves met before the directory existed
+                                # are noted by the second pass)
+            assert all(txn.get(k) == b"v" * 300 for k in keys)
+        before = txn._gets_by_record_span()
+        assert all(txn.get(k) is None for k in odd)
+        assert txn._gets_by_record_span() - before == len(odd)
+        assert txn.get(b"~") is None and txn.get(b"\x00") is None
+    env.close()
+
+
+def test_dupsort_leaves_read_their_pages(tmp_path):
+    # a leaf holding duplicates (sub-pages, sub-trees) is never read by span
+    items = [(b"k%05d" % (i // 3), b"d%03d" % (i * 37 % 900) + b"-" * 400)
+             for i in range(12000)]
+    write(tmp_path, items, dupsort=True, name=b"dups")
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, max_dbs=4,
+                      cache_bytes=0)
+    ref = lmdb.open(str(tmp_path), readonly=True, lock=False, max_dbs=4)
+    db, rdb = (e.open_db(b"dups", create=False, dupsort=True)
+               for e in (env, ref))
+    keys = sorted({k for k, _ in items})
+    random.Random(7).shuffle(keys)
+    with env.begin(db=db) as txn, ref.begin(db=rdb) as rt:
+        for _ in range(2):
+            assert [txn.get(k) for k in keys] == [rt.get(k) for k in keys]
+        assert txn._gets_use_leaf_directory()
+        assert txn._gets_by_record_span() == 0
+    env.close()
+    ref.close()
+
+
+def test_threads_note_and_read_spans_together(tmp_path):
+    # (6000 records in 670 leaves: the directory and spans fit in half the
+    # smallest cache)
+    keys = [b"%07d" % (i * 7919 % 40000) + b"w" * 10 for i in range(6000)]
+    write(tmp_path, [(k, k[:7] * 60) for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    errors, spans = [], []
+
+    def worker(seed):
+        ks = list(keys)
+        random.Random(seed).shuffle(ks)
+        try:
+            with env.begin() as txn:
+                for _ in range(2):
+                    for k in ks:
+                        if txn.get(k) != k[:7] * 60:
+                            errors.append(k)
+                    if txn.get(b"9" * 8) is not None:
+                        errors.append(b"9" * 8)
+                spans.append(txn._gets_by_record_span())
+        except Exception as exc:            # pragma: no cover - reported
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    env.close()
+    assert errors == []
+    assert len(spans) == 4 and all(n > len(keys) for n in spans)
+
+
+def test_a_file_changed_under_spans_never_crashes(tmp_path):
+    # lock=False promises no snapshot: bytes rewritten under a reader whose
+    # lookups read records by span give each key an answer or lmdbio's
+    # error, never a crash; leaves left alone keep their answers
+    keys = [b"%06d" % i for i in range(30000)]
+    write(tmp_path, [(k, b"v" + k * 40) for k in keys])
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    f = LmdbFile(tmp_path)
+    rng = random.Random(3)
+    hit = rng.sample(f.leaves(), 40)
+    with env.begin() as txn:
+        assert all(txn.get(k) == b"v" + k * 40 for k in keys)
+        for p in hit:               # node headers, keys and values
+            for _ in range(8):
+                off = p.pgno * f.psize + rng.randrange(16, f.psize)
+                patch_bytes(tmp_path / "data.mdb", off,
+                            bytes([rng.randrange(256)]))
+        damaged = {n.key for p in hit for n in p.nodes}
+        answered = 0
+        for k in keys:
+            try:
+                v = txn.get(k)
+            except lmdbio.Error:
+                assert k in damaged
+                continue
+            if k not in damaged:
+                assert v == b"v" + k * 40
+                answered += 1
+        assert answered == len(keys) - len(damaged)
+        assert txn._gets_by_record_span() > 0
+    env.close()
