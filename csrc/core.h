@@ -287,26 +287,28 @@ int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
 size_t lio_leafdir_find(const lio_leafdir *d, const lio_val *key);
 uint64_t lio_leafdir_pgno(const lio_leafdir *d, size_t j);
 
-/* Where each record of a leaf sits in its page, so that a lookup reads
- * the record alone: n spans in key order. */
-typedef struct lio_span {
-    uint16_t print;          /* lio_key_print of its key */
-    uint16_t off, len;       /* its node: header, key and value (an
+/* The record table: where the records of the leaves lookups have read
+ * sit, found by a hash of the key, so that a lookup reads the record
+ * alone (and nothing, for a key absent from a leaf whose records are all
+ * noted). */
+typedef struct lio_recspan {
+    uint64_t pgno;           /* its leaf */
+    uint16_t off, len;       /* its node there: header, key and value (an
                               * overflow run's page number) */
-} lio_span;
-typedef struct lio_leafspans {
-    uint64_t pgno;           /* the leaf's */
-    uint32_t n;
-    lio_span s[];
-} lio_leafspans;
-/* 16 bits of a hash of the key. */
-uint16_t lio_key_print(const lio_val *key);
-/* Leaf j's spans, or NULL: the directory keeps none, the leaf has none
- * (a record that is not a plain value, or no room left), or not yet
- * noted. */
-const lio_leafspans *lio_leafdir_spans(const lio_leafdir *d, size_t j);
-/* Note leaf j's spans from its page, read and checked by a lookup
- * (thread-safe; the first note stays). */
+} lio_recspan;
+uint64_t lio_key_hash(const lio_val *key);
+/* Does d keep a record table? */
+int lio_leafdir_has_records(const lio_leafdir *d);
+/* The next record (from *pos = (size_t)-1 on) whose key's hash may be h:
+ * 1 and *out, or 0 when there is none left.  Lock-free. */
+int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
+                            lio_recspan *out);
+/* Are all the records of leaf j in the table? */
+int lio_leafdir_noted(const lio_leafdir *d, size_t j);
+/* Note the records of leaf j from its page, read and checked by a lookup
+ * (thread-safe; once per leaf).  A leaf holding a record that is not a
+ * plain value, or more than the table has room for, is left to page
+ * reads. */
 void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
                       uint32_t psize);
 /* Drop a reference from lio_leafdir_get. */

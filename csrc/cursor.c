@@ -1374,45 +1374,43 @@ int lio_cursor_count(lio_cursor *cur, uint64_t *count)
     return LIO_SUCCESS;
 }
 
-/* What lio_get_span found: the answer, or a reason to read the page. */
-#define READ_THE_PAGE (-1)
+/* get_by_record found no record of the key in the table. */
+#define NOT_IN_TABLE (-1)
+/* A record read did not match its slot: read the page. */
+#define READ_THE_PAGE (-2)
 
-/* lio_get from the record's span in its leaf's spans t: one read of the record,
- * none for a key the leaf lacks.  The leaf's page, read by the lookup that
- * noted the spans, was checked; the record is checked against its span
- * (a file changed under a reader without a lock reads the page instead). */
-static int get_by_span(lio_cursor *cur, const lio_leafspans *t,
-                       const lio_val *key, lio_val *data)
+/* lio_get from the directory's record table: one read of the record.  The
+ * leaf's page, read by the lookup that noted its records, was checked;
+ * the record read now is checked against its slot (a file changed under a
+ * reader without a lock reads the page instead). */
+static int get_by_record(lio_cursor *cur, const lio_val *key, lio_val *data)
 {
-    tcursor *c = &cur->mc;
     lio_env *env = cur->env;
-    uint64_t pgno = t->pgno;
-    uint16_t print = lio_key_print(key);
-    for (uint32_t i = 0; i < t->n; i++) {
-        const lio_span *sp = &t->s[i];
+    uint64_t h = lio_key_hash(key);
+    size_t pos = (size_t)-1;
+    lio_recspan r;
+    while (lio_leafdir_next_record(cur->dir, h, &pos, &r)) {
         const uint8_t *nd;
         uint16_t flags;
         int rc;
-        if (sp->print != print)
-            continue;
-        if ((rc = lio_read_into(env, pgno * env->psize + sp->off, sp->len,
-                                &cur->nodebuf, &cur->nodecap, &nd, pgno,
+        if ((rc = lio_read_into(env, r.pgno * env->psize + r.off, r.len,
+                                &cur->nodebuf, &cur->nodecap, &nd, r.pgno,
                                 &cur->err)))
             return rc;
         flags = nd_flags(nd);
         if ((flags & ~F_BIGDATA) || NODEHDRSZ + (size_t)nd_ksize(nd) +
-            (flags & F_BIGDATA ? 8 : nd_dsize(nd)) != sp->len)
+            (flags & F_BIGDATA ? 8 : nd_dsize(nd)) != r.len)
             return READ_THE_PAGE;
         if (nd_ksize(nd) != key->size ||
             memcmp(nd_key(nd), key->data, key->size))
             continue;               /* another key with the same print */
         if (flags & F_BIGDATA)
-            return read_overflow(c, nd, data, 1);
+            return read_overflow(&cur->mc, nd, data, 1);
         data->data = nd_data(nd);
         data->size = nd_dsize(nd);
         return LIO_SUCCESS;
     }
-    return LIO_NOTFOUND;            /* the leaf holds no such key */
+    return NOT_IN_TABLE;
 }
 
 int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
@@ -1431,20 +1429,23 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
                                        &cur->dir);
     c->dir = cur->dir;
     if (c->dir) {
-        const lio_leafspans *t;
         if (key->size == 0)
             return LIO_BAD_VALSIZE;
-        c->dir_leaf = lio_leafdir_find(c->dir, key);
-        t = lio_leafdir_spans(c->dir, c->dir_leaf);
-        if (t && data) {
-            rc = get_by_span(cur, t, key, data);
-            if (rc != READ_THE_PAGE) {
-                c->dir = NULL;
-                cur->span_gets += rc == LIO_SUCCESS || rc == LIO_NOTFOUND;
-                return rc;
-            }
-            cur->err.code = 0;
+        rc = data && lio_leafdir_has_records(c->dir)
+                 ? get_by_record(cur, key, data) : NOT_IN_TABLE;
+        if (rc != NOT_IN_TABLE && rc != READ_THE_PAGE) {
+            c->dir = NULL;
+            cur->span_gets += rc == LIO_SUCCESS;
+            return rc;
         }
+        c->dir_leaf = lio_leafdir_find(c->dir, key);
+        if (rc == NOT_IN_TABLE && lio_leafdir_noted(c->dir, c->dir_leaf)) {
+            /* its leaf's records are all in the table: no such key */
+            c->dir = NULL;
+            cur->span_gets++;
+            return LIO_NOTFOUND;
+        }
+        cur->err.code = 0;
     }
     rc = cursor_set(c, &k, data, LIO_SET, &exact);
     if (c->dir) {

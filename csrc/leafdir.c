@@ -31,8 +31,7 @@ struct lio_leafdir {
                              * skip..skip+8, big-endian, zero-padded ([0]:
                              * 0, for minus infinity), and [2j+1] its page
                              * number (read with them: no second miss) as
-                             * pgno << 2 | LEAF_*, or once noted, its
-                             * spans (which hold the page number) */
+                             * pgno << 2 | LEAF_* */
     uint64_t *pgno;         /* [n], while building */
     uint32_t *koff;         /* [n+1]: bound j is keys[koff[j]..koff[j+1]) */
     uint8_t *keys;
@@ -42,20 +41,30 @@ struct lio_leafdir {
     size_t nsample;
     size_t skip;            /* bytes every bound 1..n-1 starts with */
     unsigned refs;          /* env slot + cursors (under env->lock) */
-    /* Record spans (off: the tree's leaves fit in the page cache, or
-     * O_DIRECT reads whole pages anyway): for leaf j, once a lookup has
-     * read it, where each record sits in it.  Published once in leaf[],
-     * read without a lock. */
-    int spans_on;
-    pthread_mutex_t span_lock;
-    size_t span_room;       /* bytes spans may still take */
+    /* The record table (NULL: the tree's leaves fit in the page cache,
+     * or O_DIRECT reads whole pages anyway): where the records of the
+     * leaves lookups have read sit, by a hash of their keys, open
+     * addressing.  Slots are written once, under rec_lock, and read
+     * without it. */
+    struct rec_slot *recs;
+    size_t rec_slots;
+    size_t rec_room;        /* records that may still be added (the table
+                             * stays at most 3/4 full) */
+    pthread_mutex_t rec_lock;
 };
 
-/* The tag of a page number in leaf[2j+1] (a spans pointer has none). */
-#define LEAF_UNNOTED 1u     /* no lookup has noted its spans yet */
-#define LEAF_NO_SPANS 3u    /* it holds a record lookups must not read
+/* A slot: w0 = print << 32 | len << 16 | off (0: empty), w1 = the
+ * leaf's page number.  w1 is written first, w0 published after it. */
+struct rec_slot {
+    uint64_t w0, w1;
+};
+
+/* The tag of a page number in leaf[2j+1]. */
+#define LEAF_UNNOTED 0u     /* no lookup has noted its records yet */
+#define LEAF_NOTED 1u       /* every record of it is in the table */
+#define LEAF_PAGE_ONLY 2u   /* it holds a record lookups must not read
                              * alone (duplicates, a named tree), or the
-                             * budget ran out */
+                             * table was full */
 #define LEAF_TAGS 3u
 
 /* Lookups through the tree's descent before a directory is built: about
@@ -81,12 +90,10 @@ static void dir_free(lio_leafdir *d)
 {
     if (!d)
         return;
-    if (d->leaf)
-        for (size_t j = 0; j < d->n; j++)
-            if (!(d->leaf[2 * j + 1] & LEAF_TAGS))
-                free((void *)(uintptr_t)d->leaf[2 * j + 1]);
-    if (d->spans_on)
-        pthread_mutex_destroy(&d->span_lock);
+    if (d->recs) {
+        free(d->recs);
+        pthread_mutex_destroy(&d->rec_lock);
+    }
     free(d->leaf);
     free(d->sample);
     free(d->pgno);
@@ -229,14 +236,24 @@ static lio_leafdir *build(lio_env *env, const lio_meta *snap,
     }
     for (size_t b = 0; b < d->nsample; b++)
         d->sample[b] = d->leaf[2 * b * DIR_BLOCK];
-    /* Spans where a lookup's leaf is mostly not in the page cache: then
-     * reading the record alone (about 0.4 us less than its page, hot)
-     * beats reading the page. */
+    /* A record table where a lookup's leaf is mostly not in the page
+     * cache: then reading the record alone (about 0.4 us less than its
+     * page, hot) beats reading the page.  Slots for the tree's records
+     * at 3/4 full at most, within the rest of the budget (a larger tree
+     * fills it, and lookups in the leaves left out read their pages). */
     used = d->n * ENTRY_BYTES + d->koff[d->n];
-    if (env->align <= 1 && d->n > env->max_pages && used < budget &&
-        pthread_mutex_init(&d->span_lock, NULL) == 0) {
-        d->spans_on = 1;
-        d->span_room = budget - used;
+    if (env->align <= 1 && d->n > env->max_pages && used < budget) {
+        uint64_t slots = db->entries / 3 * 4 + 64;
+        if (slots > (budget - used) / sizeof *d->recs)
+            slots = (budget - used) / sizeof *d->recs;
+        if (slots >= 64 && (d->recs = calloc(slots, sizeof *d->recs))) {
+            if (pthread_mutex_init(&d->rec_lock, NULL)) {
+                free(d->recs);
+                d->recs = NULL;
+            }
+            d->rec_slots = slots;
+            d->rec_room = slots / 4 * 3;
+        }
     }
     d->refs = 1;
     return d;
@@ -312,12 +329,10 @@ static uint64_t leaf_word(const lio_leafdir *d, size_t j)
 
 uint64_t lio_leafdir_pgno(const lio_leafdir *d, size_t j)
 {
-    uint64_t w = leaf_word(d, j);
-    return w & LEAF_TAGS ? w >> 2
-                         : ((const lio_leafspans *)(uintptr_t)w)->pgno;
+    return leaf_word(d, j) >> 2;
 }
 
-uint16_t lio_key_print(const lio_val *key)
+uint64_t lio_key_hash(const lio_val *key)
 {
     /* 8 bytes at a time, multiplied and folded: a few cycles a key */
     const uint8_t *p = key->data;
@@ -332,66 +347,110 @@ uint16_t lio_key_print(const lio_val *key)
     }
     h ^= h >> 29;
     h *= 0xc4ceb9fe1a85ec53u;
-    return (uint16_t)(h >> 48);
+    return h ^ (h >> 32);
 }
 
-const lio_leafspans *lio_leafdir_spans(const lio_leafdir *d, size_t j)
+/* The print a slot keeps of hash h (never 0: 0 marks an empty slot). */
+static uint64_t print_of(uint64_t h)
 {
-    uint64_t w = leaf_word(d, j);
-    return w & LEAF_TAGS ? NULL : (const lio_leafspans *)(uintptr_t)w;
+    return (h >> 32 | 1) << 32;
 }
 
-/* The spans of leaf page p (checked by the pager), or NULL. */
-static lio_leafspans *spans_of(const uint8_t *p, uint64_t pgno,
-                               uint32_t psize, size_t room, size_t *bytes)
+/* Where a probe for hash h starts: h's low 32 bits scaled to the table
+ * (a multiply, where a modulo would divide). */
+static size_t first_slot(const lio_leafdir *d, uint64_t h)
+{
+    return (size_t)(((h & UINT32_MAX) * d->rec_slots) >> 32);
+}
+
+static size_t next_slot(const lio_leafdir *d, size_t i)
+{
+    return i + 1 < d->rec_slots ? i + 1 : 0;
+}
+
+int lio_leafdir_has_records(const lio_leafdir *d) { return d->recs != NULL; }
+
+int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
+                            lio_recspan *out)
+{
+    uint64_t print = print_of(h);
+    size_t i = *pos == (size_t)-1 ? first_slot(d, h) : next_slot(d, *pos);
+    /* (never full: an empty slot ends every probe; the count bounds it
+     * anyway) */
+    for (size_t tries = 0; tries < d->rec_slots; tries++) {
+        uint64_t w0 = __atomic_load_n(&d->recs[i].w0, __ATOMIC_ACQUIRE);
+        if (w0 == 0)
+            return 0;
+        if ((w0 & ~(uint64_t)UINT32_MAX) == print) {
+            out->pgno = d->recs[i].w1;
+            out->off = (uint16_t)w0;
+            out->len = (uint16_t)(w0 >> 16);
+            *pos = i;
+            return 1;
+        }
+        i = next_slot(d, i);
+    }
+    return 0;
+}
+
+int lio_leafdir_noted(const lio_leafdir *d, size_t j)
+{
+    return (leaf_word(d, j) & LEAF_TAGS) == LEAF_NOTED;
+}
+
+/* May every record of leaf page p (checked by the pager) be read alone? */
+static int records_readable(const uint8_t *p, uint32_t psize)
 {
     unsigned n = pg_numkeys(p);
-    lio_leafspans *t;
-    *bytes = sizeof *t + n * sizeof t->s[0];
-    if (*bytes > room || !(pg_flags(p) & P_LEAF) || (pg_flags(p) & P_LEAF2) ||
-        !(t = malloc(*bytes)))
-        return NULL;
-    t->pgno = pgno;
-    t->n = n;
+    if (!(pg_flags(p) & P_LEAF) || (pg_flags(p) & P_LEAF2))
+        return 0;
     for (unsigned i = 0; i < n; i++) {
         const uint8_t *nd = pg_node(p, i);
         uint16_t flags = nd_flags(nd);
         size_t off = (size_t)(nd - p), len;
-        lio_val key = {nd_key(nd), nd_ksize(nd)};
         /* (a plain value, or an overflow run's page number) */
-        len = NODEHDRSZ + key.size + (flags & F_BIGDATA ? 8 : nd_dsize(nd));
-        if ((flags & ~F_BIGDATA) || off + len > psize || len > UINT16_MAX) {
-            free(t);
-            return NULL;
-        }
-        t->s[i].print = lio_key_print(&key);
-        t->s[i].off = (uint16_t)off;
-        t->s[i].len = (uint16_t)len;
+        len = NODEHDRSZ + nd_ksize(nd) + (flags & F_BIGDATA ? 8 : nd_dsize(nd));
+        if ((flags & ~F_BIGDATA) || off + len > psize || len > UINT16_MAX)
+            return 0;
     }
-    return t;
+    return 1;
 }
 
 void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
                       uint32_t psize)
 {
-    lio_leafspans *t;
-    uint64_t w;
-    size_t bytes = 0;
-    if (!d->spans_on || (leaf_word(d, j) & LEAF_TAGS) != LEAF_UNNOTED)
+    uint64_t w, pgno;
+    unsigned n = pg_numkeys(page);
+    if (!d->recs || (leaf_word(d, j) & LEAF_TAGS) != LEAF_UNNOTED)
         return;
-    pthread_mutex_lock(&d->span_lock);
+    pthread_mutex_lock(&d->rec_lock);
     w = d->leaf[2 * j + 1];
+    pgno = w >> 2;
     if ((w & LEAF_TAGS) == LEAF_UNNOTED) {
-        if ((t = spans_of(page, w >> 2, psize, d->span_room, &bytes))) {
-            d->span_room -= bytes;
-            w = (uint64_t)(uintptr_t)t;
+        if (n <= d->rec_room && records_readable(page, psize)) {
+            for (unsigned i = 0; i < n; i++) {
+                const uint8_t *nd = pg_node(page, i);
+                lio_val key = {nd_key(nd), nd_ksize(nd)};
+                uint64_t h = lio_key_hash(&key), len;
+                size_t k = first_slot(d, h);
+                len = NODEHDRSZ + key.size +
+                      (nd_flags(nd) & F_BIGDATA ? 8 : nd_dsize(nd));
+                while (d->recs[k].w0)
+                    k = next_slot(d, k);
+                d->recs[k].w1 = pgno;
+                __atomic_store_n(&d->recs[k].w0, print_of(h) | len << 16 |
+                                 (uint64_t)(nd - page), __ATOMIC_RELEASE);
+            }
+            d->rec_room -= n;
+            w = pgno << 2 | LEAF_NOTED;
         } else {
-            w |= LEAF_NO_SPANS;
+            w = pgno << 2 | LEAF_PAGE_ONLY;
         }
         __atomic_store_n(&d->leaf[2 * j + 1], w, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&d->span_lock);
+    pthread_mutex_unlock(&d->rec_lock);
 }
+
 int lio_leafdir_get(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                     lio_leafdir **out)
 {

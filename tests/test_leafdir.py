@@ -288,13 +288,16 @@ def test_a_tree_too_large_for_the_cache_has_none(tmp_path, cache_bytes):
     env.close()
 
 
-# ---- record spans: a lookup reads its record alone --------------------
+# ---- the record table: a lookup reads its record alone -----------------
 #
 # Where a tree has more leaves than the page cache holds pages, a leaf's
-# first lookup notes where its records sit, and later lookups in it read
-# only their record (or nothing, for a key the leaf lacks).  cache_bytes=0
-# (64 pages) turns that on for trees of a few hundred leaves; the default
-# cache (16384 pages) leaves it off, so the two paths meet here.
+# first lookup notes where its records sit in a table found by a hash of
+# the key, and later lookups read only their record (or nothing, for a key
+# absent from a noted leaf).  cache_bytes=0 (64 pages) turns that on for
+# trees of a few hundred leaves; the default cache (16384 pages) leaves it
+# off, so the two paths meet here.  The directory and the table share half
+# the cache: 128 KiB with cache_bytes=0, 512 KiB with SMALL_CACHE.
+SMALL_CACHE = 1 << 20       # 256 pages
 
 def gets_three_ways(path, ks, buffers=False):
     """py-lmdb's answers, lmdbio's with the default cache (pages), and
@@ -354,11 +357,11 @@ def test_record_reads_are_the_page_reads(tmp_path_factory, seed, prefix,
 
 
 def test_absent_keys_read_nothing(tmp_path):
-    # a key its leaf lacks is answered from the spans alone (a tree whose
-    # directory and spans fit in half the cache: about 50 KiB)
+    # a key absent from a noted leaf is answered from the table alone
     keys = [b"%06d" % i for i in range(0, 8000, 2)]
     write(tmp_path, [(k, b"v" * 300) for k in keys])
-    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE)
     with env.begin() as txn:
         odd = [b"%06d" % i for i in range(1, 8000, 2)]
         for _ in range(2):      # (leaves met before the directory existed
@@ -371,13 +374,34 @@ def test_absent_keys_read_nothing(tmp_path):
     env.close()
 
 
+def test_a_tree_larger_than_the_table(tmp_path):
+    # the table fills; lookups in the leaves left out read their pages
+    keys = [b"%06d" % i for i in range(0, 16000, 2)]
+    write(tmp_path, [(k, b"v" * 300) for k in keys])
+    probe = [b"%06d" % i for i in range(16000)]
+    random.Random(5).shuffle(probe)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    ref = lmdb.open(str(tmp_path), readonly=True, lock=False)
+    with env.begin() as txn, ref.begin() as rt:
+        want = [rt.get(k) for k in probe]
+        assert [txn.get(k) for k in probe] == want
+        before = txn._gets_by_record_span()
+        assert [txn.get(k) for k in probe] == want
+        # 128 KiB less the directory: room for about 4900 of the 8000
+        # records, in the leaves noted first
+        by_record = txn._gets_by_record_span() - before
+        assert len(probe) // 2 < by_record < len(probe) * 0.8
+    env.close()
+    ref.close()
+
+
 def test_dupsort_leaves_read_their_pages(tmp_path):
-    # a leaf holding duplicates (sub-pages, sub-trees) is never read by span
+    # a leaf holding duplicates (sub-pages, sub-trees) is never read alone
     items = [(b"k%05d" % (i // 3), b"d%03d" % (i * 37 % 900) + b"-" * 400)
              for i in range(12000)]
     write(tmp_path, items, dupsort=True, name=b"dups")
     env = lmdbio.open(str(tmp_path), readonly=True, lock=False, max_dbs=4,
-                      cache_bytes=0)
+                      cache_bytes=SMALL_CACHE)
     ref = lmdb.open(str(tmp_path), readonly=True, lock=False, max_dbs=4)
     db, rdb = (e.open_db(b"dups", create=False, dupsort=True)
                for e in (env, ref))
@@ -393,11 +417,10 @@ def test_dupsort_leaves_read_their_pages(tmp_path):
 
 
 def test_threads_note_and_read_spans_together(tmp_path):
-    # (6000 records in 670 leaves: the directory and spans fit in half the
-    # smallest cache)
     keys = [b"%07d" % (i * 7919 % 40000) + b"w" * 10 for i in range(6000)]
     write(tmp_path, [(k, k[:7] * 60) for k in keys])
-    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE)
     errors, spans = [], []
 
     def worker(seed):
@@ -425,13 +448,14 @@ def test_threads_note_and_read_spans_together(tmp_path):
     assert len(spans) == 4 and all(n > len(keys) for n in spans)
 
 
-def test_a_file_changed_under_spans_never_crashes(tmp_path):
+def test_a_file_changed_under_the_table_never_crashes(tmp_path):
     # lock=False promises no snapshot: bytes rewritten under a reader whose
-    # lookups read records by span give each key an answer or lmdbio's
+    # lookups read records alone give each key an answer or lmdbio's
     # error, never a crash; leaves left alone keep their answers
-    keys = [b"%06d" % i for i in range(30000)]
+    keys = [b"%06d" % i for i in range(12000)]
     write(tmp_path, [(k, b"v" + k * 40) for k in keys])
-    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE)
     f = LmdbFile(tmp_path)
     rng = random.Random(3)
     hit = rng.sample(f.leaves(), 40)
