@@ -303,6 +303,10 @@ int lio_leafdir_has_records(const lio_leafdir *d);
  * 1 and *out, or 0 when there is none left.  Lock-free. */
 int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
                             lio_recspan *out);
+/* Count a lookup of the record in slot pos (from lio_leafdir_next_record):
+ * is it part of a working set, looked up often lately?  Then its lookups
+ * go through the page cache. */
+int lio_leafdir_working_set(lio_leafdir *d, size_t pos);
 /* Are all the records of leaf j in the table? */
 int lio_leafdir_noted(const lio_leafdir *d, size_t j);
 /* Note the records of leaf j from its page, read and checked by a lookup

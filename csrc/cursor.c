@@ -1376,7 +1376,8 @@ int lio_cursor_count(lio_cursor *cur, uint64_t *count)
 
 /* get_by_record found no record of the key in the table. */
 #define NOT_IN_TABLE (-1)
-/* A record read did not match its slot: read the page. */
+/* Read the page: a record read did not match its slot, or its leaf is
+ * part of a working set. */
 #define READ_THE_PAGE (-2)
 
 /* lio_get from the directory's record table: one read of the record.  The
@@ -1393,6 +1394,8 @@ static int get_by_record(lio_cursor *cur, const lio_val *key, lio_val *data)
         const uint8_t *nd;
         uint16_t flags;
         int rc;
+        if (lio_leafdir_working_set(cur->dir, pos))
+            return READ_THE_PAGE;   /* the page cache keeps those */
         if ((rc = lio_read_into(env, r.pgno * env->psize + r.off, r.len,
                                 &cur->nodebuf, &cur->nodecap, &nd, r.pgno,
                                 &cur->err)))

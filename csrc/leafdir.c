@@ -51,10 +51,22 @@ struct lio_leafdir {
     size_t rec_room;        /* records that may still be added (the table
                              * stays at most 3/4 full) */
     pthread_mutex_t rec_lock;
+    uint64_t clock;         /* lookups answered from the table (relaxed:
+                             * a count that may lose a few) */
 };
 
 /* A slot: w0 = print << 32 | len << 16 | off (0: empty), w1 = the
- * leaf's page number.  w1 is written first, w0 published after it. */
+ * leaf's page number | SLOT_ERA its era << 48 | SLOT_HITS its hits << 60.
+ * w1 is written first, w0 published after it. */
+#define SLOT_PGNO ((1ull << 48) - 1)
+#define SLOT_ERA_BITS 12
+#define SLOT_HITS_MAX 15u
+/* A record looked up this many times in an era (as many lookups as a
+ * quarter of the table's slots) is part of a working set: its lookups go
+ * through the page cache, which keeps its leaf once missed twice and then
+ * serves it without a read.  Lookups all over the tree reach it for one
+ * record in about 200 (a quarter slot's lookups per record and era). */
+#define WORKING_SET_HITS 3u
 struct rec_slot {
     uint64_t w0, w1;
 };
@@ -382,7 +394,7 @@ int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
         if (w0 == 0)
             return 0;
         if ((w0 & ~(uint64_t)UINT32_MAX) == print) {
-            out->pgno = d->recs[i].w1;
+            out->pgno = d->recs[i].w1 & SLOT_PGNO;
             out->off = (uint16_t)w0;
             out->len = (uint16_t)(w0 >> 16);
             *pos = i;
@@ -391,6 +403,24 @@ int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
         i = next_slot(d, i);
     }
     return 0;
+}
+
+int lio_leafdir_working_set(lio_leafdir *d, size_t pos)
+{
+    /* (races lose a count now and then: a heuristic) */
+    uint64_t w1 = __atomic_load_n(&d->recs[pos].w1, __ATOMIC_RELAXED);
+    uint64_t t = __atomic_load_n(&d->clock, __ATOMIC_RELAXED);
+    uint64_t era = t / (d->rec_slots / 4 + 1) & ((1u << SLOT_ERA_BITS) - 1);
+    uint64_t was = w1 >> 48 & ((1u << SLOT_ERA_BITS) - 1);
+    unsigned hits = (unsigned)(w1 >> 60);
+    __atomic_store_n(&d->clock, t + 1, __ATOMIC_RELAXED);
+    if (was != era)     /* halved an era on, forgotten later */
+        hits = ((era - was) & ((1u << SLOT_ERA_BITS) - 1)) == 1 ? hits / 2 : 0;
+    if (hits < SLOT_HITS_MAX)
+        hits++;
+    __atomic_store_n(&d->recs[pos].w1, (w1 & SLOT_PGNO) | era << 48 |
+                     (uint64_t)hits << 60, __ATOMIC_RELAXED);
+    return hits >= WORKING_SET_HITS;
 }
 
 int lio_leafdir_noted(const lio_leafdir *d, size_t j)

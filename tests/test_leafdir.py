@@ -312,9 +312,10 @@ def gets_three_ways(path, ks, buffers=False):
         env = lmdbio.open(str(path), readonly=True, lock=False,
                           cache_bytes=cache)
         with env.begin(buffers=buffers) as txn:
-            answers(txn, ks)            # notes each leaf's spans
+            answers(txn, ks)            # notes each leaf's records
+            # (a buffer is valid until the next operation: copied at once)
             got = [bytes(v) if isinstance(v, memoryview) else v
-                   for v in answers(txn, ks)]
+                   for v in map(txn.get, ks)]
             out.append((got, txn._gets_by_record_span()))
         env.close()
     return want, out
