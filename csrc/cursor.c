@@ -73,7 +73,7 @@ struct lio_cursor {
     int dir_ask;                 /* lio_get may still get one */
     uint8_t *nodebuf;            /* the last record lio_get read alone */
     size_t nodecap;
-    uint64_t span_gets;          /* lio_cursor_gets_by_span */
+    uint64_t record_gets;        /* lio_cursor_gets_by_record */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -1431,24 +1431,25 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
         cur->dir_ask = lio_leafdir_get(cur->env, &cur->snap, &c->db,
                                        &cur->dir);
     c->dir = cur->dir;
-    if (c->dir) {
-        if (key->size == 0)
-            return LIO_BAD_VALSIZE;
-        rc = data && lio_leafdir_has_records(c->dir)
-                 ? get_by_record(cur, key, data) : NOT_IN_TABLE;
+    if (c->dir && key->size) {
+        int table = data && lio_leafdir_has_records(c->dir);
+        rc = table ? get_by_record(cur, key, data) : NOT_IN_TABLE;
         if (rc != NOT_IN_TABLE && rc != READ_THE_PAGE) {
             c->dir = NULL;
-            cur->span_gets += rc == LIO_SUCCESS;
+            cur->record_gets += rc == LIO_SUCCESS;
             return rc;
         }
         c->dir_leaf = lio_leafdir_find(c->dir, key);
-        if (rc == NOT_IN_TABLE && lio_leafdir_noted(c->dir, c->dir_leaf)) {
+        if (table && rc == NOT_IN_TABLE &&
+            lio_leafdir_noted(c->dir, c->dir_leaf)) {
             /* its leaf's records are all in the table: no such key */
             c->dir = NULL;
-            cur->span_gets++;
+            cur->record_gets++;
             return LIO_NOTFOUND;
         }
         cur->err.code = 0;
+    } else {
+        c->dir = NULL;          /* (an empty key: cursor_set says so) */
     }
     rc = cursor_set(c, &k, data, LIO_SET, &exact);
     if (c->dir) {
@@ -1468,9 +1469,9 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 
 int lio_cursor_has_leafdir(const lio_cursor *cur) { return cur->dir != NULL; }
 
-uint64_t lio_cursor_gets_by_span(const lio_cursor *cur)
+uint64_t lio_cursor_gets_by_record(const lio_cursor *cur)
 {
-    return cur->span_gets;
+    return cur->record_gets;
 }
 
 const lio_error *lio_cursor_error(const lio_cursor *cur) { return &cur->err; }

@@ -394,7 +394,8 @@ int lio_leafdir_next_record(const lio_leafdir *d, uint64_t h, size_t *pos,
         if (w0 == 0)
             return 0;
         if ((w0 & ~(uint64_t)UINT32_MAX) == print) {
-            out->pgno = d->recs[i].w1 & SLOT_PGNO;
+            out->pgno = __atomic_load_n(&d->recs[i].w1, __ATOMIC_RELAXED) &
+                        SLOT_PGNO;
             out->off = (uint16_t)w0;
             out->len = (uint16_t)(w0 >> 16);
             *pos = i;
@@ -467,7 +468,7 @@ void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
                       (nd_flags(nd) & F_BIGDATA ? 8 : nd_dsize(nd));
                 while (d->recs[k].w0)
                     k = next_slot(d, k);
-                d->recs[k].w1 = pgno;
+                __atomic_store_n(&d->recs[k].w1, pgno, __ATOMIC_RELAXED);
                 __atomic_store_n(&d->recs[k].w0, print_of(h) | len << 16 |
                                  (uint64_t)(nd - page), __ATOMIC_RELEASE);
             }

@@ -283,7 +283,7 @@ int lio_get(lio_cursor *c, const lio_val *key, lio_val *data);
 int lio_cursor_has_leafdir(const lio_cursor *c);
 /* How many of c's lio_get calls read only their record (or nothing, for
  * a key its leaf lacks) rather than the leaf's page. */
-uint64_t lio_cursor_gets_by_span(const lio_cursor *c);
+uint64_t lio_cursor_gets_by_record(const lio_cursor *c);
 
 /* Read-ahead for lookups of keys[0..n) (a batch of gets): the leaves they
  * lead to, found through the branch pages (read when not cached) with the

@@ -301,7 +301,7 @@ SMALL_CACHE = 1 << 20       # 256 pages
 
 def gets_three_ways(path, ks, buffers=False):
     """py-lmdb's answers, lmdbio's with the default cache (pages), and
-    lmdbio's with the smallest (record spans, second pass), plus how many
+    lmdbio's with the smallest (the record table, second pass), plus how many
     of the latter read their record alone."""
     ref = lmdb.open(str(path), readonly=True, lock=False)
     with ref.begin() as rt:
@@ -316,7 +316,7 @@ def gets_three_ways(path, ks, buffers=False):
             # (a buffer is valid until the next operation: copied at once)
             got = [bytes(v) if isinstance(v, memoryview) else v
                    for v in map(txn.get, ks)]
-            out.append((got, txn._gets_by_record_span()))
+            out.append((got, txn._gets_by_record()))
         env.close()
     return want, out
 
@@ -342,19 +342,19 @@ def tree_items(rng, n, prefix, big_share):
 def test_record_reads_are_the_page_reads(tmp_path_factory, seed, prefix,
                                          big_share, buffers):
     rng = random.Random(seed)
-    path = tmp_path_factory.mktemp("spans")
+    path = tmp_path_factory.mktemp("records")
     items = tree_items(rng, 2500, prefix, big_share)
     write(path, items)
     ks = probes([k for k, _ in items], rng)
-    want, ((pages, by_page), (spans, by_span)) = gets_three_ways(
+    want, ((pages, by_page), (records, by_record)) = gets_three_ways(
         path, ks, buffers)
     assert pages == want
-    assert spans == want
+    assert records == want
     assert by_page == 0                 # the default cache holds the leaves
     # nearly every lookup of the second pass read its record alone (those
     # of leaves the first pass met before the directory existed read
     # their page)
-    assert by_span > len(ks) * 0.8
+    assert by_record > len(ks) * 0.8
 
 
 def test_absent_keys_read_nothing(tmp_path):
@@ -368,9 +368,9 @@ def test_absent_keys_read_nothing(tmp_path):
         for _ in range(2):      # (leaves met before the directory existed
                                 # are noted by the second pass)
             assert all(txn.get(k) == b"v" * 300 for k in keys)
-        before = txn._gets_by_record_span()
+        before = txn._gets_by_record()
         assert all(txn.get(k) is None for k in odd)
-        assert txn._gets_by_record_span() - before == len(odd)
+        assert txn._gets_by_record() - before == len(odd)
         assert txn.get(b"~") is None and txn.get(b"\x00") is None
     env.close()
 
@@ -386,11 +386,11 @@ def test_a_tree_larger_than_the_table(tmp_path):
     with env.begin() as txn, ref.begin() as rt:
         want = [rt.get(k) for k in probe]
         assert [txn.get(k) for k in probe] == want
-        before = txn._gets_by_record_span()
+        before = txn._gets_by_record()
         assert [txn.get(k) for k in probe] == want
         # 128 KiB less the directory: room for about 4900 of the 8000
         # records, in the leaves noted first
-        by_record = txn._gets_by_record_span() - before
+        by_record = txn._gets_by_record() - before
         assert len(probe) // 2 < by_record < len(probe) * 0.8
     env.close()
     ref.close()
@@ -412,17 +412,17 @@ def test_dupsort_leaves_read_their_pages(tmp_path):
         for _ in range(2):
             assert [txn.get(k) for k in keys] == [rt.get(k) for k in keys]
         assert txn._gets_use_leaf_directory()
-        assert txn._gets_by_record_span() == 0
+        assert txn._gets_by_record() == 0
     env.close()
     ref.close()
 
 
-def test_threads_note_and_read_spans_together(tmp_path):
+def test_threads_note_and_read_records_together(tmp_path):
     keys = [b"%07d" % (i * 7919 % 40000) + b"w" * 10 for i in range(6000)]
     write(tmp_path, [(k, k[:7] * 60) for k in keys])
     env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
                       cache_bytes=SMALL_CACHE)
-    errors, spans = [], []
+    errors, counts = [], []
 
     def worker(seed):
         ks = list(keys)
@@ -435,7 +435,7 @@ def test_threads_note_and_read_spans_together(tmp_path):
                             errors.append(k)
                     if txn.get(b"9" * 8) is not None:
                         errors.append(b"9" * 8)
-                spans.append(txn._gets_by_record_span())
+                counts.append(txn._gets_by_record())
         except Exception as exc:            # pragma: no cover - reported
             errors.append(exc)
 
@@ -446,7 +446,7 @@ def test_threads_note_and_read_spans_together(tmp_path):
         t.join()
     env.close()
     assert errors == []
-    assert len(spans) == 4 and all(n > len(keys) for n in spans)
+    assert len(counts) == 4 and all(n > len(keys) for n in counts)
 
 
 def test_a_file_changed_under_the_table_never_crashes(tmp_path):
@@ -479,5 +479,5 @@ def test_a_file_changed_under_the_table_never_crashes(tmp_path):
                 assert v == b"v" + k * 40
                 answered += 1
         assert answered == len(keys) - len(damaged)
-        assert txn._gets_by_record_span() > 0
+        assert txn._gets_by_record() > 0
     env.close()

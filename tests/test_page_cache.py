@@ -74,7 +74,7 @@ def test_random_lookups_do_not_evict_a_working_set(env_path):
             # three times lately, then their leaf's page is missed twice
             # and kept.  So a few rounds read, then none.
             gets(txn, sweep)
-            assert txn._gets_by_record_span() > len(sweep) // 2
+            assert txn._gets_by_record() > len(sweep) // 2
             reads = [gets(txn, hot) for _ in range(6)]
             assert reads[0] > 0 and reads[-2:] == [0, 0], reads
             # 100 random lookups between two uses of the working set:

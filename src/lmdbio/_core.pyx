@@ -1732,10 +1732,10 @@ cdef class Transaction:
         return bool(self._scratch != NULL and
                     lio_cursor_has_leafdir(self._scratch))
 
-    def _gets_by_record_span(self):
+    def _gets_by_record(self):
         """How many of this transaction's `get` calls read their record
         alone rather than its leaf (tests; see docs/drop-in.md)."""
-        return (lio_cursor_gets_by_span(self._scratch)
+        return (lio_cursor_gets_by_record(self._scratch)
                 if self._scratch != NULL else 0)
 
     def cursor(self, db=None):
