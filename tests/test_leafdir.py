@@ -16,6 +16,12 @@ tree's leaves instead of searching each branch page (csrc/leafdir.c).
   answers are the descent's.
 * A new snapshot (a writer committed) gets its own directory and sees the
   new data; threads looking up concurrently while it is built agree.
+* The record table (trees with more leaves than the page cache holds
+  pages): lookups that read their record alone return what page reads and
+  py-lmdb return (values empty, small and in overflow runs; buffers);
+  absent keys read nothing; a table too small for the tree, DUPSORT
+  leaves, threads noting and reading together, and a file rewritten under
+  a reader without a lock (an answer or lmdbio's error, never a crash).
 """
 
 from __future__ import annotations
@@ -299,10 +305,11 @@ def test_a_tree_too_large_for_the_cache_has_none(tmp_path, cache_bytes):
 # the cache: 128 KiB with cache_bytes=0, 512 KiB with SMALL_CACHE.
 SMALL_CACHE = 1 << 20       # 256 pages
 
+
 def gets_three_ways(path, ks, buffers=False):
     """py-lmdb's answers, lmdbio's with the default cache (pages), and
-    lmdbio's with the smallest (the record table, second pass), plus how many
-    of the latter read their record alone."""
+    lmdbio's with the smallest (the record table, second pass), each with
+    how many lookups read their record alone."""
     ref = lmdb.open(str(path), readonly=True, lock=False)
     with ref.begin() as rt:
         want = answers(rt, ks)
