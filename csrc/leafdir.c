@@ -64,9 +64,10 @@ struct lio_leafdir {
 /* A record looked up this many times in an era (as many lookups as a
  * quarter of the table's slots) is part of a working set: its lookups go
  * through the page cache, which keeps its leaf once missed twice and then
- * serves it without a read.  Lookups all over the tree rarely do: at
- * most a third of a lookup per record and era (3/4 full), so a few in a
- * thousand reach 3 by chance. */
+ * serves it without a read.  Lookups spread over the whole tree rarely
+ * do: about a third of a lookup per record and era (the table holds 3/4
+ * as many records as slots), so a few records in a thousand reach 3 by
+ * chance. */
 #define WORKING_SET_HITS 3u
 struct rec_slot {
     uint64_t w0, w1;
