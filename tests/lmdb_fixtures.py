@@ -19,6 +19,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -244,6 +245,16 @@ PLAIN = COMBOS_BY_ID["plain"]
 
 # ---------------------------------------------------------------------------
 # paths
+
+
+def run_threads(target, n: int) -> None:
+    """Run target(0) .. target(n - 1) in n threads at once; return when all
+    have ended (the targets record their own failures)."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def read_syscalls() -> int:

@@ -24,6 +24,7 @@ import lmdb
 import pytest
 
 from conftest import import_subject, require_lmdbio
+from lmdb_fixtures import run_threads
 
 MDB_DUMP = shutil.which("mdb_dump")
 
@@ -797,7 +798,6 @@ def test_buffers(pair):
 def test_threads(lmdbio, pair):
     """Cursors of one environment used from several threads at once (the
     GIL is released around core calls; the page cache is shared)."""
-    import threading
     names = [None, b"dup", b"fixed", b"big"]
     dbs = [pair.sub.open_db(n) for n in names]
     rdbs = [pair.ref.open_db(n) for n in names]
@@ -814,11 +814,7 @@ def test_threads(lmdbio, pair):
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_threads(work, 8)
     assert not errors, errors
 
 

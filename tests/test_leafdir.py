@@ -27,11 +27,11 @@ tree's leaves instead of searching each branch page (csrc/leafdir.c).
 from __future__ import annotations
 
 import random
-import threading
 
 import pytest
 
-from lmdb_fixtures import LmdbFile, patch_bytes, set_branch_child
+from lmdb_fixtures import (LmdbFile, patch_bytes, run_threads,
+                           set_branch_child)
 
 from conftest import import_subject, require
 
@@ -267,11 +267,7 @@ def test_threads_agree_while_it_is_built(tmp_path):
         except Exception as exc:            # pragma: no cover - reported
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     with env.begin() as txn:
         for k in keys[:500]:
             txn.get(k)
@@ -446,11 +442,7 @@ def test_threads_note_and_read_records_together(tmp_path):
         except Exception as exc:            # pragma: no cover - reported
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     env.close()
     assert errors == []
     assert len(counts) == 4 and all(n > len(keys) for n in counts)
