@@ -56,6 +56,11 @@ static inline uint16_t nd_flags(const uint8_t *n) { return ld16(n + 4); }
 static inline uint16_t nd_ksize(const uint8_t *n) { return ld16(n + 6); }
 static inline const uint8_t *nd_key(const uint8_t *n) { return n + NODEHDRSZ; }
 static inline const uint8_t *nd_data(const uint8_t *n) { return n + NODEHDRSZ + nd_ksize(n); }
+/* A leaf node's bytes in its page: header, key, and its value or (in an
+ * overflow run) the run's page number. */
+static inline size_t nd_span(const uint8_t *n) {
+    return NODEHDRSZ + (size_t)nd_ksize(n) + (nd_flags(n) & F_BIGDATA ? 8 : nd_dsize(n));
+}
 
 /* ---- page format (format.c): bytes in, no I/O --------------------------- */
 
@@ -168,8 +173,9 @@ struct lio_env {
     int device_reads;         /* slow-read score (pager.c; no lock: a
                                * hint) */
     int assume_device;        /* lio_env_assume_device */
-    unsigned page_reads;      /* reads of single pages, for the choice of
-                               * those timed (pager.c; no lock: a hint) */
+    unsigned reads_seen;      /* reads of single pages and of overflow
+                               * values, for the choice of those timed
+                               * (pager.c; no lock: a hint) */
     long inblock;             /* the process's blocks read in, last seen */
     uint8_t *around_map;      /* blocks read around (pager.c) */
     uint8_t *around_sink;     /* where their unwanted pages are read */

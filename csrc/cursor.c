@@ -1401,8 +1401,7 @@ static int get_by_record(lio_cursor *cur, const lio_val *key, lio_val *data)
                                 &cur->err)))
             return rc;
         flags = nd_flags(nd);
-        if ((flags & ~F_BIGDATA) || NODEHDRSZ + (size_t)nd_ksize(nd) +
-            (flags & F_BIGDATA ? 8 : nd_dsize(nd)) != r.len)
+        if ((flags & ~F_BIGDATA) || nd_span(nd) != r.len)
             return READ_THE_PAGE;
         if (nd_ksize(nd) != key->size ||
             memcmp(nd_key(nd), key->data, key->size))

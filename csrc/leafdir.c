@@ -439,11 +439,10 @@ static int records_readable(const uint8_t *p, uint32_t psize)
         return 0;
     for (unsigned i = 0; i < n; i++) {
         const uint8_t *nd = pg_node(p, i);
-        uint16_t flags = nd_flags(nd);
-        size_t off = (size_t)(nd - p), len;
+        size_t off = (size_t)(nd - p), len = nd_span(nd);
         /* (a plain value, or an overflow run's page number) */
-        len = NODEHDRSZ + nd_ksize(nd) + (flags & F_BIGDATA ? 8 : nd_dsize(nd));
-        if ((flags & ~F_BIGDATA) || off + len > psize || len > UINT16_MAX)
+        if ((nd_flags(nd) & ~F_BIGDATA) || off + len > psize ||
+            len > UINT16_MAX)
             return 0;
     }
     return 1;
@@ -464,10 +463,8 @@ void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
             for (unsigned i = 0; i < n; i++) {
                 const uint8_t *nd = pg_node(page, i);
                 lio_val key = {nd_key(nd), nd_ksize(nd)};
-                uint64_t h = lio_key_hash(&key), len;
+                uint64_t h = lio_key_hash(&key), len = nd_span(nd);
                 size_t k = first_slot(d, h);
-                len = NODEHDRSZ + key.size +
-                      (nd_flags(nd) & F_BIGDATA ? 8 : nd_dsize(nd));
                 while (d->recs[k].w0)
                     k = next_slot(d, k);
                 __atomic_store_n(&d->recs[k].w1, pgno, __ATOMIC_RELAXED);

@@ -380,17 +380,18 @@ static void note_read(lio_env *env, int slow)
 }
 
 /* Timing a read takes two clock reads, 0.1 us of a 2.7 us lookup.  The
- * env's first TIME_FIRST page reads are all timed (a cold start is seen as
- * soon as it is now); after that, while the score says the OS cache
- * serves the reads (0: no slow read lately), one in TIME_EVERY is, so a
- * device taking over is seen within that many reads, and after a slow one
- * every read is until the score is back to 0. */
+ * env's first TIME_FIRST reads (of a page, or of a value in an overflow
+ * run) are all timed (a cold start is seen as soon as it is now); after
+ * that, while the score says the OS cache serves the reads (0: no slow
+ * read lately), one in TIME_EVERY is, so a device taking over is seen
+ * within that many reads, and after a slow one every read is until the
+ * score is back to 0. */
 #define TIME_FIRST 64u
 #define TIME_EVERY 8u
 static int time_this_read(lio_env *env)
 {
-    unsigned n = __atomic_load_n(&env->page_reads, __ATOMIC_RELAXED) + 1;
-    __atomic_store_n(&env->page_reads, n, __ATOMIC_RELAXED);
+    unsigned n = __atomic_load_n(&env->reads_seen, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&env->reads_seen, n, __ATOMIC_RELAXED);
     return n <= TIME_FIRST || n % TIME_EVERY == 0 || env->assume_device ||
            __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > 0;
 }
