@@ -478,6 +478,11 @@ uint64_t lio_index_find(const lio_index *idx, uint64_t ord);
 int lio_index_set_map(lio_index *idx, uint32_t psize, uint64_t *map,
                       uint64_t n, lio_error *err);
 void lio_index_free(lio_index *idx);
+/* A 64-bit checksum of n bytes, chained through seed (a checksum of
+ * a's bytes then b's: lio_checksum(b, nb, lio_checksum(a, na, 0))).  Not
+ * cryptographic: it tells a damaged or truncated cached index (a flipped
+ * bit anywhere changes it) at memory speed. */
+uint64_t lio_checksum(const void *data, size_t n, uint64_t seed);
 
 /* ---- bulk record reads ------------------------------------------------- */
 

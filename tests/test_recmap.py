@@ -30,7 +30,7 @@ from lmdb_fixtures import (
 try:
     import lmdbio
     from lmdbio import reader as reader_mod
-    from lmdbio._bulk import BulkFile
+    from lmdbio._bulk import BulkFile, checksum
 except Exception as exc:  # pragma: no cover - a broken build
     if require_lmdbio():
         raise
@@ -334,6 +334,52 @@ def test_map_is_cached_for_later_starts(tmp_path):
             got.update(zip(b.indices.tolist(), b.values.tolist()))
     assert b1 - b0 == sum(len(items[i][0]) + len(items[i][1]) for i in idx)
     assert got == {i: v for i, (_, v) in enumerate(items)}
+
+
+def test_views_equal_the_copies_and_outlive_their_index(tmp_path):
+    """index_views (what a first start saves) hold exactly what the copies
+    hold, are read-only, and stay readable when the index they show is
+    dropped meanwhile (a new index, the file closed): it is freed with the
+    last view, not before."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    scattered(path)
+    f = open_file(path)
+    want = (*f.index_arrays(), f.index_recmap())
+    views = f.index_views()
+    assert want[2] is not None
+    for v, w in zip(views, want):
+        assert np.array_equal(v, w) and not v.flags.writeable
+        with pytest.raises(ValueError):
+            v[0] = 1
+    f.begin_index()                # drops the index the views show
+    again = f.index_views()        # (the begun one: none counted yet)
+    assert len(again[0]) == 0 and again[2] is None
+    f.close()
+    for v, w in zip(views, want):
+        assert np.array_equal(v, w)
+    del views, again, v
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200), st.data())
+def test_checksum_tells_any_flipped_bit_and_length(data, draw):
+    """The cached index's checksum changes with any one bit flipped and
+    with the length (lengths around its 8- and 32-byte rounds), and chains
+    through its seed."""
+    h = checksum(data)
+    assert h == checksum(bytearray(data))
+    assert checksum(data + b"\0") != h
+    if data:
+        bit = draw.draw(st.integers(0, 8 * len(data) - 1))
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << bit % 8
+        assert checksum(flipped) != h
+        assert checksum(data[:-1]) != h
+    assert checksum(data, 1) != h
+    assert checksum(np.frombuffer(data + bytes(-len(data) % 8),
+                                  dtype=np.uint64)) == \
+        checksum(data + bytes(-len(data) % 8))
 
 
 def rewrite_cache(path, edit):

@@ -249,6 +249,9 @@ cdef class _Pipeline:
             self.p = NULL
 
 
+cdef class _IndexView
+
+
 cdef class BulkFile:
     cdef lio_posix *posix
     cdef lio_source src
@@ -273,6 +276,8 @@ cdef class BulkFile:
     cdef readonly bint has_db
     cdef object executor           # a Python executor (MPI-IO), or None
     cdef object executor_error
+    cdef dict idx_views            # index address: index_views alive
+    cdef set idx_orphans           # addresses of indexes dropped while viewed
 
     def __cinit__(self, str path, bint direct=False, unsigned threads=4,
                   size_t cache_bytes=4 << 20, executor=None):
@@ -695,8 +700,56 @@ cdef class BulkFile:
             lio_bulk_close(self.bulk_lane2)
             self.bulk_lane2 = NULL
         if self.idx != NULL:
-            lio_index_free(self.idx)
+            if self.idx_views and <size_t>self.idx in self.idx_views:
+                self.idx_orphans.add(<size_t>self.idx)  # freed by its last view
+            else:
+                lio_index_free(self.idx)
             self.idx = NULL
+
+    cdef _view_gone(self, lio_index *idx):
+        cdef size_t key = <size_t>idx
+        left = self.idx_views.pop(key) - 1
+        if left:
+            self.idx_views[key] = left
+        elif key in self.idx_orphans:
+            self.idx_orphans.discard(key)
+            lio_index_free(idx)
+
+    cdef _IndexView _view(self, const void *ptr, uint64_t n):
+        cdef _IndexView v = _IndexView.__new__(_IndexView)
+        cdef size_t key = <size_t>self.idx
+        v.ptr = <const uint8_t *>ptr if n else <const uint8_t *>&v.size
+        v.size = n * sizeof(uint64_t)
+        v.idx = self.idx
+        v.owner = self
+        if self.idx_views is None:
+            self.idx_views, self.idx_orphans = {}, set()
+        self.idx_views[key] = self.idx_views.get(key, 0) + 1
+        return v
+
+    def index_views(self):
+        """(leaf page numbers, first ordinal of each leaf + total, record
+        map or None): index_arrays and index_recmap without their copies,
+        read-only uint64 arrays over the index's own memory (saving a
+        first start's index had spent 4 ms of its 8 copying 5.6 MB into
+        fresh pages).  Valid while the index stays this one; an index
+        dropped meanwhile is freed with the last view."""
+        cdef uint64_t n, nm = 0
+        cdef const uint64_t *m = NULL
+        if self.idx == NULL:
+            raise RuntimeError('no record index')
+        n = self.idx.nleaves
+        if self.idx.recmap != NULL:
+            m = self.idx.recmap
+            nm = self.idx.first[n] - self.idx.first[0]
+        else:
+            m = lio_index_built_map(self.idx, &nm)
+        u64 = np.dtype(np.uint64)
+        out = [np.frombuffer(self._view(self.idx.leaf_pgno, n), dtype=u64),
+               np.frombuffer(self._view(self.idx.first, n + 1), dtype=u64),
+               np.frombuffer(self._view(m, nm), dtype=u64)
+               if m != NULL else None]
+        return tuple(out)
 
     def set_policy(self, size_t max_gap, size_t max_read):
         """Coalescing of every batch reader of this file."""
@@ -1049,6 +1102,52 @@ cdef class BulkFile:
 
     def __dealloc__(self):
         self.close()
+
+
+cdef class _IndexView:
+    """A read-only byte view of one of an index's arrays (index_views),
+    without a copy.  It keeps its BulkFile alive, and while any view
+    exists the BulkFile defers freeing that index (_drop_index hands it to
+    the view that goes last)."""
+    cdef BulkFile owner
+    cdef lio_index *idx
+    cdef const uint8_t *ptr
+    cdef size_t size
+    cdef Py_ssize_t shape[1]
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError('an index view is read-only')
+        self.shape[0] = <Py_ssize_t>self.size
+        view.buf = <void *>self.ptr
+        view.obj = self
+        view.len = <Py_ssize_t>self.size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = 'B'
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+    def __dealloc__(self):
+        if self.owner is not None:
+            self.owner._view_gone(self.idx)
+
+
+def checksum(data, uint64_t seed=0):
+    """lio_checksum of a contiguous buffer's bytes, chained through seed;
+    without the GIL."""
+    cdef const uint8_t[::1] b = memoryview(data).cast('B')
+    cdef size_t n = b.shape[0]
+    cdef uint64_t h
+    with nogil:
+        h = lio_checksum(&b[0] if n else NULL, n, seed)
+    return h
 
 
 def leaves_ahead(first_ord, last_ord, uint64_t counted, uint64_t covered,

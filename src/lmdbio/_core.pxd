@@ -262,6 +262,7 @@ cdef extern from "lmdbio.h" nogil:
     int lio_index_pending(const lio_index *idx)
     int lio_index_holds(const lio_index *idx, uint64_t ord)
     const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n)
+    uint64_t lio_checksum(const void *data, size_t n, uint64_t seed)
 
     int lio_bulk_open(lio_bulk **out, lio_env *env, const lio_meta *snap,
                       const lio_dbrec *db, const lio_index *idx,
