@@ -54,17 +54,18 @@ static uint64_t map_entry(const uint8_t *p, unsigned i)
 }
 
 /* The n = pg_numkeys(p) map entries of a leaf whose header was checked,
- * into out[0..n).  A leaf whose nodes fail the page checks gets no entries
- * (zeros): its records are read through the leaf, which raises when a
- * batch needs them, as without a map. */
-static void leaf_entries(const uint8_t *p, uint32_t psize, uint64_t pg,
-                         uint64_t *out)
+ * into out[0..n); whether its nodes pass the page checks.  A leaf that
+ * fails them gets no entries (zeros): its records are read through the
+ * leaf, which raises when a batch needs them, as without a map. */
+static int leaf_entries(const uint8_t *p, uint32_t psize, uint64_t pg,
+                        uint64_t *out)
 {
     unsigned n = pg_numkeys(p);
     lio_error ignored;
     int ok = lio_check_page(p, psize, pg, 0, &ignored) == LIO_SUCCESS;
     for (unsigned i = 0; i < n; i++)
         out[i] = ok ? map_entry(p, i) : 0;
+    return ok;
 }
 
 /* A build's map entries of leaf `pos` (key order), scanned in page order. */
@@ -806,7 +807,7 @@ int lio_index_holds(const lio_index *idx, uint64_t ord)
 
 int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
                          const uint8_t *pages, uint64_t k, uint64_t need,
-                         lio_error *err)
+                         uint8_t *checked, lio_error *err)
 {
     uint64_t n = idx->nleaves, n0 = n;
     int dupsort = (db->flags & LIO_DUPSORT) != 0, rc = LIO_SUCCESS;
@@ -831,8 +832,11 @@ int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
             break;
         idx->first[n + 1] = idx->first[n] + count;
         idx->pages_read++;
-        if (idx->mapping)   /* (count = its pg_numkeys: not DUPSORT) */
-            leaf_entries(p, psize, pg, idx->built_map + idx->first[n]);
+        if (idx->mapping) {   /* (count = its pg_numkeys: not DUPSORT) */
+            int ok = leaf_entries(p, psize, pg, idx->built_map + idx->first[n]);
+            if (checked)
+                checked[j] = (uint8_t)ok;
+        }
     }
     if (!rc && n == idx->tree_leaves && n > n0 &&
         idx->first[n] != db->entries) {

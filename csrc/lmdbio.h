@@ -460,10 +460,13 @@ int lio_index_holds(const lio_index *idx, uint64_t ord);
  * does, and their record-map entries.  Stops without an error at a leaf
  * that fails once the counted leaves hold ordinal `need`; fails with that
  * leaf's error before.  Once the last leaf is counted the total must be
- * the database record's. */
+ * the database record's.  checked (NULL, or k flags): set for each leaf
+ * counted whose whole page passed lio_check_index_leaf's checks on the
+ * way (a tree with a record map checks every node to map it), so that a
+ * read of the same bytes need not check them again. */
 int lio_index_count_more(lio_index *idx, uint32_t psize, const lio_dbrec *db,
                          const uint8_t *pages, uint64_t k, uint64_t need,
-                         lio_error *err);
+                         uint8_t *checked, lio_error *err);
 /* The record map a begun build made, once whole (NULL: none, or not whole
  * yet): *n entries, owned by the index. */
 const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n);
