@@ -5,6 +5,7 @@ One BulkFile is one data file, one snapshot and one tree.  Every call that
 reads or parses runs with the GIL released.
 """
 
+cimport cython
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -708,6 +709,8 @@ cdef class BulkFile:
 
     cdef _view_gone(self, lio_index *idx):
         cdef size_t key = <size_t>idx
+        if self.idx_views is None or key not in self.idx_views:
+            return   # (the BulkFile torn down by the cycle collector)
         left = self.idx_views.pop(key) - 1
         if left:
             self.idx_views[key] = left
@@ -1104,6 +1107,7 @@ cdef class BulkFile:
         self.close()
 
 
+@cython.no_gc_clear   # (its owner must still be there in __dealloc__)
 cdef class _IndexView:
     """A read-only byte view of one of an index's arrays (index_views),
     without a copy.  It keeps its BulkFile alive, and while any view
