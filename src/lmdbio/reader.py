@@ -10,8 +10,6 @@ values read straight into the output).
 
 import hashlib
 import logging
-import zlib
-import math
 import os
 import threading
 import weakref
