@@ -38,6 +38,24 @@ cdef inline object _error(str path, const lio_error *err):
     return _core_error(None, err.code, err, path)
 
 
+cdef void _bytes_view(Py_buffer *view, void *buf, size_t n, bint readonly,
+                      Py_ssize_t *shape):
+    """Fill a buffer request (its obj already set) for n bytes at buf, one
+    dimension of unsigned bytes; shape: the exporter's own one-element
+    array, which must live as long as the export."""
+    shape[0] = <Py_ssize_t>n
+    view.buf = buf
+    view.len = <Py_ssize_t>n
+    view.readonly = readonly
+    view.itemsize = 1
+    view.format = 'B'
+    view.ndim = 1
+    view.shape = shape
+    view.strides = NULL
+    view.suboffsets = NULL
+    view.internal = NULL
+
+
 cdef class _Memory:
     """Page-aligned memory behind a batch's arrays (lio_block_take).  When
     the last array over it goes away it is given back for reuse, so the
@@ -48,18 +66,8 @@ cdef class _Memory:
     cdef Py_ssize_t shape[1]
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        self.shape[0] = <Py_ssize_t>self.cap
-        view.buf = self.ptr
         view.obj = self
-        view.len = <Py_ssize_t>self.cap
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = 'B'
-        view.ndim = 1
-        view.shape = self.shape
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
+        _bytes_view(view, self.ptr, self.cap, False, self.shape)
 
     def __releasebuffer__(self, Py_buffer *view):
         pass
@@ -1122,18 +1130,8 @@ cdef class _IndexView:
     def __getbuffer__(self, Py_buffer *view, int flags):
         if flags & PyBUF_WRITABLE:
             raise BufferError('an index view is read-only')
-        self.shape[0] = <Py_ssize_t>self.size
-        view.buf = <void *>self.ptr
         view.obj = self
-        view.len = <Py_ssize_t>self.size
-        view.readonly = 1
-        view.itemsize = 1
-        view.format = 'B'
-        view.ndim = 1
-        view.shape = self.shape
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
+        _bytes_view(view, <void *>self.ptr, self.size, True, self.shape)
 
     def __releasebuffer__(self, Py_buffer *view):
         pass
