@@ -225,6 +225,18 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
     }
 }
 
+/* The leaf an even spread of the records not counted yet puts record
+ * `ord` in (total <= ord < entries; leaves counted..tree_leaves-1 left). */
+static uint64_t spread_leaf(const lio_bulk *b, uint64_t counted,
+                            uint64_t total, uint64_t ord)
+{
+    const lio_index *idx = b->idx;
+    double at = (double)(ord - total) / (double)(b->db.entries - total);
+    uint64_t est = counted +
+                   (uint64_t)(at * (double)(idx->tree_leaves - counted));
+    return est < idx->tree_leaves ? est : idx->tree_leaves - 1;
+}
+
 void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
 {
     const lio_index *idx = b->idx;
@@ -245,11 +257,18 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
             idx->tree_leaves > counted) {
             /* not counted yet: where an even spread of the records left
              * puts it (advice may miss) */
-            double at = (double)(ord - total) / (double)(b->db.entries - total);
-            uint64_t est = counted +
-                           (uint64_t)(at * (double)(idx->tree_leaves - counted));
-            pg = idx->leaf_pgno[est < idx->tree_leaves ? est
-                                                       : idx->tree_leaves - 1];
+            uint64_t est = spread_leaf(b, counted, total, ord);
+            pg = idx->leaf_pgno[est];
+            /* A run of consecutive ordinals that ends a leaf's worth of
+             * records on, on the same leaf, names only it (the estimate
+             * never falls as the ordinal grows): skip it (a first start
+             * estimated every record, 3 ms of small's 500k). */
+            uint64_t per_leaf = (b->db.entries - total) /
+                                (idx->tree_leaves - counted);
+            if (per_leaf > 1 && per_leaf - 1 < n - i &&
+                (uint64_t)ordinals[i + per_leaf - 1] == ord + per_leaf - 1 &&
+                spread_leaf(b, counted, total, ord + per_leaf - 1) == est)
+                i += per_leaf - 1;
         } else {
             if (ordinals[i] < 0 || ord < lo || ord >= total)
                 continue;

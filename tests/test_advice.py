@@ -129,3 +129,39 @@ def test_evicted_file_gets_advice_and_the_same_batches(env_path, tmp_path,
         if g > 0:
             break
     assert max(given) > 0, given
+
+
+def test_advice_for_records_not_counted_names_the_leaves_counted_would(
+        env_path):
+    """A first start advises its windows before their leaves are counted,
+    each record's leaf estimated from an even spread of the records left
+    and a run of consecutive ordinals skipped a leaf's worth at a time.
+    Over a file of equal records the estimate is exact: with one page a
+    region, every range names as many leaves as the counted index does."""
+    from lmdbio._bulk import BulkFile
+    env = lmdbio.open(env_path, readonly=True, lock=False)
+    psize = env.stat()["psize"]
+    env.close()
+    f = BulkFile(_data(env_path))
+    try:
+        assert f.snapshot(0)
+        f.select(None)
+        ranges = [(0, RECORDS), (1001, 5003), (1003, 1011), (17, 18),
+                  (RECORDS - 7, RECORDS)]
+
+        def named(start, stop):
+            f.set_cache(psize, 1, False)   # (a new pass: nothing advised)
+            before = sum(f.advice_stats())
+            f.advise(np.arange(start, stop))
+            return sum(f.advice_stats()) - before
+
+        f.build_index()
+        per_leaf = RECORDS // f.tree_leaves
+        assert per_leaf > 1 and RECORDS % f.tree_leaves == 0
+        counted = [named(a, b) for a, b in ranges]
+        assert counted[0] == f.tree_leaves
+        f.begin_index()
+        assert f.index_pending
+        assert [named(a, b) for a, b in ranges] == counted
+    finally:
+        f.close()

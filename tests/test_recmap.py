@@ -340,25 +340,33 @@ def test_views_equal_the_copies_and_outlive_their_index(tmp_path):
     """index_views (what a first start saves) hold exactly what the copies
     hold, are read-only, and stay readable when the index they show is
     dropped meanwhile (a new index, the file closed): it is freed with the
-    last view, not before."""
+    last view, not before.  A record map given by set_recmap (a built
+    index's) comes as a copy: the next set_recmap frees it."""
     path = str(tmp_path / "db")
     os.makedirs(path)
     scattered(path)
     f = open_file(path)
     want = (*f.index_arrays(), f.index_recmap())
-    views = f.index_views()
+    built = f.index_views()
     assert want[2] is not None
-    for v, w in zip(views, want):
-        assert np.array_equal(v, w) and not v.flags.writeable
-        with pytest.raises(ValueError):
-            v[0] = 1
+    assert built[2].flags.writeable and np.array_equal(built[2], want[2])
+    f.set_recmap(want[2])          # frees the map the copy was taken of
+    assert np.array_equal(built[2], want[2])
     f.begin_index()                # drops the index the views show
     again = f.index_views()        # (the begun one: none counted yet)
     assert len(again[0]) == 0 and again[2] is None
+    f.finish_index()               # counted whole: its map is viewed too
+    views = f.index_views()
+    assert len(views) == 3 and views[2] is not None
+    for v, w in zip(views + built[:2], want + want[:2]):
+        assert np.array_equal(v, w) and not v.flags.writeable
+        with pytest.raises(ValueError):
+            v[0] = 1
+    f.begin_index()                # drops the counted index: views hold it
     f.close()
-    for v, w in zip(views, want):
+    for v, w in zip(views + built, want + want):
         assert np.array_equal(v, w)
-    del views, again, v
+    del views, built, again, v
 
 
 @settings(max_examples=200, deadline=None)

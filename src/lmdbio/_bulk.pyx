@@ -743,24 +743,22 @@ cdef class BulkFile:
         map or None): index_arrays and index_recmap without their copies,
         read-only uint64 arrays over the index's own memory (saving a
         first start's index had spent 4 ms of its 8 copying 5.6 MB into
-        fresh pages).  Valid while the index stays this one; an index
-        dropped meanwhile is freed with the last view."""
+        fresh pages).  They stay valid after the index is dropped: it is
+        freed with the last view.  A record map given by set_recmap, which
+        a later set_recmap frees, comes as a copy (index_recmap); the map a
+        begun index built lives as long as its index."""
         cdef uint64_t n, nm = 0
         cdef const uint64_t *m = NULL
         if self.idx == NULL:
             raise RuntimeError('no record index')
         n = self.idx.nleaves
-        if self.idx.recmap != NULL:
-            m = self.idx.recmap
-            nm = self.idx.first[n] - self.idx.first[0]
-        else:
+        if self.idx.recmap == NULL:
             m = lio_index_built_map(self.idx, &nm)
         u64 = np.dtype(np.uint64)
-        out = [np.frombuffer(self._view(self.idx.leaf_pgno, n), dtype=u64),
-               np.frombuffer(self._view(self.idx.first, n + 1), dtype=u64),
-               np.frombuffer(self._view(m, nm), dtype=u64)
-               if m != NULL else None]
-        return tuple(out)
+        return (np.frombuffer(self._view(self.idx.leaf_pgno, n), dtype=u64),
+                np.frombuffer(self._view(self.idx.first, n + 1), dtype=u64),
+                np.frombuffer(self._view(m, nm), dtype=u64) if m != NULL
+                else self.index_recmap())
 
     def set_policy(self, size_t max_gap, size_t max_read):
         """Coalescing of every batch reader of this file."""
