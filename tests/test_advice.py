@@ -165,3 +165,62 @@ def test_advice_for_records_not_counted_names_the_leaves_counted_would(
         assert [named(a, b) for a, b in ranges] == counted
     finally:
         f.close()
+
+
+def test_a_cached_file_gets_l2_sized_windows_and_an_evicted_one_does_not(
+        env_path, tmp_path):
+    """file_cached() samples the file's pages; an epoch in key order over a
+    file the OS cache holds sizes its windows to half a core's L2 (1-2 MiB),
+    over one read from the device at 2 MiB (both at most a quarter of
+    prefetch_bytes), and the batches are the same either way."""
+    from lmdbio import reader as reader_mod
+    cached_budget = reader_mod._window_budget(64 << 20, False, 2, True)
+    cold_budget = reader_mod._window_budget(64 << 20, False, 2, False)
+    assert cold_budget == reader_mod._ORDERED_WINDOW_BYTES
+    assert (1 << 20) <= cached_budget <= cold_budget
+    assert reader_mod._window_budget(1 << 20, False, 2, True) == (1 << 20) // 4
+    assert reader_mod._window_budget(64 << 20, True, 2, True) == \
+        reader_mod._WINDOW_BYTES   # (shuffled windows keep theirs)
+    cache = str(tmp_path / "ic")
+    _warm(env_path)
+    frac = _cached_fraction(env_path)
+    if frac is None or frac < 1:
+        pytest.skip("cannot probe the page cache, or it did not keep the file")
+    with lmdbio.Reader(env_path, lock=False, index_cache=cache) as r:
+        assert r._file.file_cached() is True
+        hot = [(b.indices.copy(), bytes(b.values.data)) for b in r]
+        assert r.window_stats["window_budget"] == cached_budget
+    _evict(env_path)
+    frac = _cached_fraction(env_path)
+    if frac is None or frac > 0.5:
+        pytest.skip("the page cache kept the file (cannot evict it here)")
+    with lmdbio.Reader(env_path, lock=False, index_cache=cache) as r:
+        assert r._file.file_cached() is False
+        cold = [(b.indices.copy(), bytes(b.values.data)) for b in r]
+        assert r.window_stats["window_budget"] == cold_budget
+    assert len(cold) == len(hot)
+    for (ia, va), (ib, vb) in zip(cold, hot):
+        assert np.array_equal(ia, ib) and va == vb
+    try:
+        r = lmdbio.Reader(env_path, lock=False, index_cache=cache, direct=True)
+    except lmdbio.Error:
+        return   # (this filesystem refuses O_DIRECT)
+    with r:
+        assert r._file.file_cached() is None   # (O_DIRECT: not its cache)
+
+
+def test_l2_size_agrees_with_the_c_library():
+    """The L2 size the window budget uses (sysfs) is the one glibc reports
+    from the CPU itself (getconf), where both know it."""
+    import subprocess
+    from lmdbio import reader as reader_mod
+    got = reader_mod._l2_bytes()
+    try:
+        out = subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"],
+                             capture_output=True, text=True, timeout=30)
+        libc = int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        libc = 0
+    if got is None or libc <= 0:
+        pytest.skip("no L2 size from sysfs (%r) or glibc (%r)" % (got, libc))
+    assert got == libc

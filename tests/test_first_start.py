@@ -109,7 +109,9 @@ def test_every_flag_combination(tmp_path, name):
 
 def test_each_leaf_is_read_about_once(tmp_path):
     """The first start's epoch reads about what a later start's reads (its
-    windows' leaves, a few re-read at window edges), where building the
+    windows' leaves, a few re-read at window edges: each window reads
+    1/32 of its leaves and two more on each side beyond those expected,
+    about 10% over a cached file's 1 MiB windows), where building the
     index first had read every leaf twice."""
     path = str(tmp_path / "db")
     os.makedirs(path)
@@ -119,7 +121,7 @@ def test_each_leaf_is_read_about_once(tmp_path):
     _, _, first = epoch(path, cache)
     _, from_cache, later = epoch(path, cache)
     assert from_cache
-    assert later <= first < 1.1 * later, (first, later)
+    assert later <= first < 1.15 * later, (first, later)
     assert first < 1.2 * size
 
 

@@ -42,14 +42,68 @@ _log = logging.getLogger('lmdbio')
 # 117 vs 134 ms, big 184 vs 187 ms); shuffled 4 MiB, where a larger window
 # holds records nearer each other in the file (500k small records 715 vs
 # 801 ms).
+# When the OS cache holds the whole file (a later epoch, a dataset that
+# fits in memory), a window in key order is sized so that its leaves and
+# the batches copied from them fit in a core's L2 cache together: half of
+# it, 1-2 MiB.  With a 2 MiB L2, fresh processes over 500k small records,
+# ten interleaved each: 1 MiB windows took 0.139 s (first start) and
+# 0.121 s (later start) against 0.156 and 0.131 s with 2 MiB, 512 KiB
+# windows 0.155 and 0.131 s.  Reading from the device, the same 1 MiB
+# windows took 0.556 s against 0.519 s (less read ahead in flight): a
+# window then stays at 2 MiB.
 _WINDOW_BYTES = 4 << 20
 _ORDERED_WINDOW_BYTES = 2 << 20
+_CACHED_WINDOW_MIN = 1 << 20
 
 
-def _window_budget(prefetch_bytes, shuffle, lanes=2):
+def _l2_bytes():
+    """A core's L2 cache (data or unified) in bytes, from sysfs, or None."""
+    base = '/sys/devices/system/cpu/cpu0/cache'
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    for name in sorted(names):
+        try:
+            with open(os.path.join(base, name, 'level')) as f:
+                level = f.read().strip()
+            with open(os.path.join(base, name, 'type')) as f:
+                kind = f.read().strip()
+            with open(os.path.join(base, name, 'size')) as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if level != '2' or kind == 'Instruction':
+            continue
+        unit = {'K': 1 << 10, 'M': 1 << 20}.get(size[-1:].upper(), 1)
+        try:
+            return int(size.rstrip('KkMm')) * unit
+        except ValueError:
+            return None
+    return None
+
+
+_L2 = []   # (_l2_bytes(), once)
+
+
+def _cached_window_bytes():
+    """A window in key order over a file the OS cache holds: half a core's
+    L2, within 1-2 MiB (2 MiB when the L2 is unknown)."""
+    if not _L2:
+        _L2.append(_l2_bytes())
+    if _L2[0] is None:
+        return _ORDERED_WINDOW_BYTES
+    return max(_CACHED_WINDOW_MIN, min(_L2[0] // 2, _ORDERED_WINDOW_BYTES))
+
+
+def _window_budget(prefetch_bytes, shuffle, lanes=2, cached=False):
     """What a window may hold: a share of prefetch_bytes (one window being
-    read per lane, one consumed, one waiting), at most a few MiB."""
-    most = _WINDOW_BYTES if shuffle else _ORDERED_WINDOW_BYTES
+    read per lane, one consumed, one waiting), at most a few MiB (in key
+    order over a file the OS cache holds: what fits in the L2 cache)."""
+    if shuffle:
+        most = _WINDOW_BYTES
+    else:
+        most = _cached_window_bytes() if cached else _ORDERED_WINDOW_BYTES
     return max(1, min(prefetch_bytes // (lanes + 2), most))
 # Leaves held in memory for random access (_random_access), at most this
 # many bytes: a million CIFAR-like records have 26 MB of leaves, a million
@@ -728,7 +782,7 @@ class Reader:
         # keys; batches): prefetching stays within prefetch_bytes.
         self.window_stats = {'windows': 0, 'max_bytes': 0, 'max_batches': 0,
                              'max_ahead': 0, 'leaves_held': False,
-                             'pipeline_windows': 0}
+                             'pipeline_windows': 0, 'window_budget': 0}
         if self._parts is None:
             self._records = [self.total_records]
             self._txnids = [int(self._file.txnid)]
@@ -1492,17 +1546,20 @@ class Reader:
         rank will need a good part of the file's leaves this epoch (the
         whole epoch, or a shard with several records per leaf), every region
         it touches is read whole on first touch (later windows find the
-        rest cached); otherwise only regions a window needs densely."""
+        rest cached); otherwise only regions a window needs densely.
+        Whether the OS cache holds every file (_window_budget)."""
         files = [r._file for r in self._parts] \
             if self._parts is not None else [self._file]
         share = self.num_records / max(1, self.total_records)
         region = self._policy[2]
+        cached = True
         with self._lane_locks[0], self._lane_locks[1]:
             if self._file is None:
-                return   # closed (under both locks) meanwhile
+                return False   # closed (under both locks) meanwhile
             for f in files:
                 if f is None:
                     continue
+                cached = cached and f.file_cached() is True
                 lo, end = f.index_range   # (a partial index: its leaves)
                 per_leaf = (end - lo) / max(1, f.num_leaves)
                 if f.index_pending:   # (counted so far: a few, or none)
@@ -1510,6 +1567,7 @@ class Reader:
                 need = 1 - (1 - min(share, 1.0)) ** per_leaf
                 f.set_cache(region, 1 if need >= 1 / 16 else 16,
                             self.cache == 'drop')
+        return cached
 
     def _iter_windows(self, total, first_pos=0):
         """Batches of this rank's share, read a window at a time by two
@@ -1526,9 +1584,11 @@ class Reader:
         epoch begun while another runs on the same file."""
         bs = self.batch_size
         lanes = len(self._lane_locks)
-        budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes)
         order = self._epoch_order()
-        self._new_pass()
+        cached = self._new_pass()
+        budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes,
+                                cached)
+        self.window_stats['window_budget'] = budget
         cond = threading.Condition(threading.RLock())
         stop = threading.Event()
         st = {'pos': first_pos, 'nbatch': 1, 'seq': 0, 'taken': 0, 'done': {},
