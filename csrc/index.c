@@ -365,13 +365,15 @@ static int count_leaf(const uint8_t *p, uint32_t psize, uint64_t pg,
 static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                       const lio_executor *ex, lio_plan *plan,
                       const uint64_t *level, uint64_t n, int leaf_level,
-                      uint64_t **next_out, uint64_t *next_n, uint64_t *counts,
-                      map_acc *acc, lio_error *err)
+                      size_t leaf_round, uint64_t **next_out,
+                      uint64_t *next_n, uint64_t *counts, map_acc *acc,
+                      lio_error *err)
 {
     int dupsort = (db->flags & LIO_DUPSORT) != 0;
     int hdr_only = leaf_level && !dupsort && !acc;
     size_t sz = hdr_only ? PAGEHDRSZ : env->psize;
-    size_t bytes = leaf_level ? CHUNK_BYTES : BRANCH_CHUNK_BYTES;
+    size_t bytes = !leaf_level ? BRANCH_CHUNK_BYTES
+                   : leaf_round ? leaf_round : CHUNK_BYTES;
     size_t chunk = hdr_only ? CHUNK_HEADERS
                             : (bytes / env->psize ? bytes / env->psize : 1);
     pg_pos *order = malloc(n * sizeof *order);
@@ -529,8 +531,8 @@ int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                           d, (unsigned long long)n);
             break;
         }
-        rc = scan_level(env, snap, db, ex, &plan, level, n, 0, &next, &next_n,
-                        NULL, NULL, err);
+        rc = scan_level(env, snap, db, ex, &plan, level, n, 0, 0, &next,
+                        &next_n, NULL, NULL, err);
         if (rc)
             break;
         free(level);
@@ -554,8 +556,8 @@ int lio_index_leaves(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
 
 static int count_leaves(lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,
-                        const uint64_t *leaves, uint64_t n, uint64_t *counts,
-                        map_acc *acc, lio_error *err)
+                        const uint64_t *leaves, uint64_t n, size_t round,
+                        uint64_t *counts, map_acc *acc, lio_error *err)
 {
     lio_plan plan;
     int rc;
@@ -570,8 +572,8 @@ static int count_leaves(lio_env *env, const lio_meta *snap,
     lio_plan_init(&plan, (db->flags & LIO_DUPSORT) ? 0 : 4 * (size_t)env->psize,
                   COUNT_READ_MAX);
     plan.spread = 1;
-    rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, NULL, NULL,
-                    counts, acc, err);
+    rc = scan_level(env, snap, db, ex, &plan, leaves, n, 1, round, NULL,
+                    NULL, counts, acc, err);
     lio_plan_free(&plan);
     return rc;
 }
@@ -580,12 +582,20 @@ int lio_index_count(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                     const lio_executor *ex, const uint64_t *leaves,
                     uint64_t n, uint64_t *counts, lio_error *err)
 {
-    return count_leaves(env, snap, db, ex, leaves, n, counts, NULL, err);
+    return count_leaves(env, snap, db, ex, leaves, n, 0, counts, NULL, err);
 }
 
 int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
                     lio_error *err)
+{
+    return lio_index_build_rounds(out, env, snap, db, ex, 0, err);
+}
+
+int lio_index_build_rounds(lio_index **out, lio_env *env,
+                           const lio_meta *snap, const lio_dbrec *db,
+                           const lio_executor *ex, size_t round_bytes,
+                           lio_error *err)
 {
     uint64_t *leaves, n, *counts = NULL, *first, *map = NULL;
     map_acc acc = {NULL, 0, 0, NULL}, *accp = NULL;
@@ -610,7 +620,8 @@ int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
         }
         accp = &acc;
     }
-    if ((rc = count_leaves(env, snap, db, ex, leaves, n, counts, accp, err)))
+    if ((rc = count_leaves(env, snap, db, ex, leaves, n, round_bytes, counts,
+                           accp, err)))
         goto fail;
     first[0] = 0;
     for (uint64_t i = 0; i < n; i++)

@@ -420,6 +420,14 @@ int lio_index_load_leaves(lio_index *idx, lio_env *env, const lio_dbrec *db,
 int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
                     lio_error *err);
+/* The same, reading the leaves in rounds of round_bytes (0: 8 MiB).  A
+ * round is read, then counted and checked; over a file the OS cache holds,
+ * a round the CPU caches keep between the two is faster (the caller knows
+ * where its bytes come from: the core does not). */
+int lio_index_build_rounds(lio_index **out, lio_env *env,
+                           const lio_meta *snap, const lio_dbrec *db,
+                           const lio_executor *ex, size_t round_bytes,
+                           lio_error *err);
 /* The two steps of a build, so that ranks can share the second: the leaves
  * in key order (from the branch levels), then the record count of some of
  * them (their headers; whole leaves for DUPSORT). */

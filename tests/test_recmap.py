@@ -647,3 +647,25 @@ def test_open_reads_only_the_index_part_of_the_cache(tmp_path):
         idx = [9, 1, 400]
         assert r.read(idx).values.tolist() == [items[i][1] for i in idx]
         assert r._file.index_recmap() is None   # no map: the leaf path
+
+
+@settings(max_examples=60, deadline=None)
+@given(db=databases(), round_pages=st.sampled_from([1, 2, 3, 7, 64, 513]))
+def test_a_build_in_rounds_of_any_size_is_the_same_index(db, round_pages):
+    """build_index(round_bytes) (what a Reader asks for over a cached file)
+    makes the index, record map and all, that the default rounds make:
+    rounds of one page, of a few, of an odd count, of more than the file."""
+    ops, name, spec = db
+    with tempfile.TemporaryDirectory() as tmp:
+        write_env(tmp, {name: (spec, ops)}, txn_size=60)
+        f = open_file(tmp, name)
+        try:
+            want = (*f.index_arrays(), f.index_recmap())
+            f.build_index(round_pages * PAGE + (5 if round_pages > 2 else 0))
+            got = (*f.index_arrays(), f.index_recmap())
+        finally:
+            f.close()
+    assert (want[2] is None) == (got[2] is None)
+    for a, b in zip(want, got):
+        if a is not None:
+            assert np.array_equal(a, b)

@@ -412,21 +412,29 @@ cdef class BulkFile:
     def psize(self):
         return self.snap.psize
 
-    cdef _new_index(self, _index_open make):
+    cdef _new_index(self, _index_open make, size_t round_bytes=0):
         """Replace the index with one `make` (lio_index_build or
-        lio_index_begin) opens over this file's snapshot."""
+        lio_index_begin) opens over this file's snapshot (a build reading
+        rounds of round_bytes, if given)."""
         cdef lio_error err
         cdef int rc
         self._drop_index()
         with nogil:
-            rc = make(&self.idx, self.env, &self.snap, &self.db,
-                      &self.posix_ex, &err)
+            if round_bytes:
+                rc = lio_index_build_rounds(&self.idx, self.env, &self.snap,
+                                            &self.db, &self.posix_ex,
+                                            round_bytes, &err)
+            else:
+                rc = make(&self.idx, self.env, &self.snap, &self.db,
+                          &self.posix_ex, &err)
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()
 
-    def build_index(self):
-        self._new_index(lio_index_build)
+    def build_index(self, size_t round_bytes=0):
+        """Build the whole index (every leaf read; round_bytes a round, 0:
+        the default 8 MiB); returns the leaves read."""
+        self._new_index(lio_index_build, round_bytes)
         return self.idx.pages_read
 
     def begin_index(self):

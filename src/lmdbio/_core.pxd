@@ -237,6 +237,10 @@ cdef extern from "lmdbio.h" nogil:
     int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,
                         lio_error *err)
+    int lio_index_build_rounds(lio_index **out, lio_env *env,
+                               const lio_meta *snap, const lio_dbrec *db,
+                               const lio_executor *ex, size_t round_bytes,
+                               lio_error *err)
     int lio_index_leaves(lio_env *env, const lio_meta *snap,
                          const lio_dbrec *db, const lio_executor *ex,
                          uint64_t **leaves, uint64_t *nleaves, lio_error *err)
