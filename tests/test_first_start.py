@@ -24,10 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_lmdbio
-from lmdb_fixtures import (FLAG_COMBOS, MD_ENTRIES, LmdbFile, data_file,
-                           make_all_flags_env, patch_dbrec,
+from lmdb_fixtures import (COMBOS_BY_ID, FLAG_COMBOS, MD_ENTRIES, LmdbFile,
+                           data_file, make_all_flags_env, patch_dbrec,
                            prefetch_threads, read_all_pylmdb,
-                           set_branch_child, write_items, write_sized)
+                           set_branch_child, value_of, write_env,
+                           write_items, write_sized)
 
 try:
     import lmdbio
@@ -123,6 +124,46 @@ def test_each_leaf_is_read_about_once(tmp_path):
     assert from_cache
     assert later <= first < 1.15 * later, (first, later)
     assert first < 1.2 * size
+
+
+PLAIN = COMBOS_BY_ID["plain"]
+
+
+@pytest.mark.parametrize("small_tree", [False, True])
+def test_a_leaf_list_is_checked_the_same_with_a_bitmap_or_sorted(
+        tmp_path, small_tree):
+    """A first start checks the leaf list before reading a leaf: a bitmap of
+    the file's pages where that is small, a sorted copy of the list where
+    the tree is a small part of a large file; both find a leaf reached
+    twice and name it, and a clean tree opens."""
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    if small_tree:   # 120 records in a file of some 4,000 pages
+        write_env(path, {
+            b"big": (PLAIN, [("put", b"b%06d" % i, value_of(i, 500))
+                             for i in range(30000)]),
+            b"small": (PLAIN, [("put", b"s%06d" % i, value_of(i, 500))
+                               for i in range(120)]),
+        })
+        name, db = "small", b"small"
+    else:
+        write_sized(path, [500] * 6000)
+        name, db = "main", None
+    f = LmdbFile(path)
+    leaves = f.leaves(name)
+    assert (f.file_pages() // 64 > len(leaves)) == small_tree
+    with lmdbio.Reader(path, db=db, batch_size=64,
+                       index_cache=str(tmp_path / "ok")) as r:
+        assert sum(len(b) for b in r) == (120 if small_tree else 6000)
+    parents = [p for p in f.branches(name) if len(p.nodes) > 3]
+    twice = parents[-1].nodes[1].child
+    set_branch_child(data_file(path), parents[-1].nodes[2], twice)
+    with pytest.raises(lmdbio.CorruptedError,
+                       match="page %d is reached twice" % twice):
+        with lmdbio.Reader(path, db=db, batch_size=64,
+                           index_cache=str(tmp_path / "c")) as r:
+            for _ in r:
+                pass
 
 
 def test_reads_are_the_same_every_time(tmp_path):
