@@ -101,8 +101,9 @@ def _build_round(f):
     Over a file the OS cache holds, 1 MiB a core (the executor's threads
     copy a 1 MiB request each) and 2-8 MiB in all, so that a round stays
     in the CPU caches until it is counted: small's whole index, hot, in
-    rounds of 2 MiB on 2 cores took 86-99 ms against 118-150 ms in 8 MiB
-    ones (1 MiB, one thread copying: 110-130 ms).  From the device, more
+    rounds of 2 MiB on 2 cores took 96-115 ms against 114-148 ms in 8 MiB
+    ones (five interleaved builds in-process; 1 MiB rounds, one thread
+    copying, 110-130 ms).  From the device, more
     requests in flight win (cold, medians of four: 8 MiB 470 ms, 2 MiB
     520 ms)."""
     if not f.file_cached():
