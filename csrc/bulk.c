@@ -242,7 +242,7 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     const lio_index *idx = b->idx;
     uint64_t counted = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
     uint64_t lo = idx->first[0], total = idx->first[counted];
-    uint64_t leaf = UINT64_MAX, *pages;
+    uint64_t leaf = UINT64_MAX, *pages, per_leaf;
     size_t np = 0;
     int sorted = 1;
     if (!b->region || !b->ex.advise || !n ||
@@ -251,6 +251,10 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     pages = malloc(n * sizeof *pages);
     if (!pages)
         return; /* advice is optional */
+    /* records a leaf of those not counted holds, at least (their even
+     * spread: spread_leaf) */
+    per_leaf = idx->tree_leaves > counted && b->db.entries > total
+               ? (b->db.entries - total) / (idx->tree_leaves - counted) : 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t ord = (uint64_t)ordinals[i], pg;
         if (ord >= total && ordinals[i] >= 0 && ord < b->db.entries &&
@@ -263,8 +267,6 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
              * records on, on the same leaf, names only it (the estimate
              * never falls as the ordinal grows): skip it (a first start
              * estimated every record, 3 ms of small's 500k). */
-            uint64_t per_leaf = (b->db.entries - total) /
-                                (idx->tree_leaves - counted);
             if (per_leaf > 1 && per_leaf - 1 < n - i &&
                 (uint64_t)ordinals[i + per_leaf - 1] == ord + per_leaf - 1 &&
                 spread_leaf(b, counted, total, ord + per_leaf - 1) == est)
@@ -357,6 +359,13 @@ void lio_bulk_close(lio_bulk *b)
 
 /* Load the distinct leaves of the batch, in page order: where the index
  * holds the leaves (lio_index_load_leaves), point at them; read the rest. */
+/* Whether leaf (index position) is among the leaves kept by this step's
+ * extension (b->pre). */
+static int kept(const lio_bulk *b, uint64_t leaf)
+{
+    return leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n;
+}
+
 static int load_leaves(lio_bulk *b)
 {
     lio_env *env = b->env;
@@ -419,7 +428,7 @@ static int load_leaves(lio_bulk *b)
             b->slotp[slot] = idx->leafmem + leaf * env->psize;
             continue;
         }
-        if (leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n) {
+        if (kept(b, leaf)) {
             b->slotp[slot] = b->pre + (leaf - b->pre_lo) * env->psize;
             npre++;   /* read by this step's extension */
             continue;
@@ -444,8 +453,7 @@ static int load_leaves(lio_bulk *b)
         uint64_t leaf = b->leaves[slot];
         if (idx->leafmem && idx->leaf_ok[leaf])
             continue;   /* checked when the index loaded it */
-        if (leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n &&
-            b->pre_ok[leaf - b->pre_lo])
+        if (kept(b, leaf) && b->pre_ok[leaf - b->pre_lo])
             continue;   /* checked whole when this step's extension
                          * counted it (a first start checked every leaf
                          * twice: 8 ms of its lanes' CPU over small) */
@@ -815,7 +823,7 @@ static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
             k = round_max;
         if (k > left)
             k = left;
-        if (keep && n >= b->pre_lo && n - b->pre_lo < b->pre_n) {
+        if (keep && kept(b, n)) {
             /* read ahead of this turn (lio_bulk_read_leaves) */
             if (k > b->pre_lo + b->pre_n - n)
                 k = b->pre_lo + b->pre_n - n;

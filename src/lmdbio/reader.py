@@ -8,6 +8,7 @@ few, large, concurrent reads (leaves coalesced in page order, overflow
 values read straight into the output).
 """
 
+import functools
 import hashlib
 import logging
 import os
@@ -56,6 +57,7 @@ _ORDERED_WINDOW_BYTES = 2 << 20
 _CACHED_WINDOW_MIN = 1 << 20
 
 
+@functools.lru_cache(maxsize=None)
 def _l2_bytes():
     """A core's L2 cache (data or unified) in bytes, from sysfs, or None."""
     base = '/sys/devices/system/cpu/cpu0/cache'
@@ -83,17 +85,13 @@ def _l2_bytes():
     return None
 
 
-_L2 = []   # (_l2_bytes(), once)
-
-
 def _cached_window_bytes():
     """A window in key order over a file the OS cache holds: half a core's
     L2, within 1-2 MiB (2 MiB when the L2 is unknown)."""
-    if not _L2:
-        _L2.append(_l2_bytes())
-    if _L2[0] is None:
+    l2 = _l2_bytes()
+    if l2 is None:
         return _ORDERED_WINDOW_BYTES
-    return max(_CACHED_WINDOW_MIN, min(_L2[0] // 2, _ORDERED_WINDOW_BYTES))
+    return max(_CACHED_WINDOW_MIN, min(l2 // 2, _ORDERED_WINDOW_BYTES))
 
 
 def _build_round(f):
