@@ -573,8 +573,9 @@ void lio_bulk_set_policy(lio_bulk *b, size_t max_gap, size_t max_read);
 /* ---- the window pipeline (pipeline.c) ----------------------------------- */
 
 /* Page-aligned memory of at least `need` bytes (its size in *cap), reused
- * from the blocks given back when one fits; NULL when memory runs out.
- * Thread-safe. */
+ * from the blocks given back when one fits, its first `need` bytes mapped
+ * in (where the kernel can do that in one call); NULL when memory runs
+ * out.  Thread-safe. */
 void *lio_block_take(size_t need, size_t *cap);
 /* Give a block back for reuse (or free it when enough are idle). */
 void lio_block_give(void *p, size_t cap);

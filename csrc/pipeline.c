@@ -25,9 +25,11 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_setname_np */
 #endif
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -63,6 +65,36 @@ static void blocks_init(void)
     pthread_atfork(blocks_lock, blocks_unlock, blocks_unlock);
 }
 
+/* Each block is preceded by a page of its own that records how much of
+ * it has been written (its pages mapped): the part of a window past that
+ * is mapped in one call before the window is read into it.  A fresh page
+ * mapped by a write fault costs 2.5-2.7 us here, by MADV_POPULATE_WRITE
+ * 1.6 us (a fresh process's first windows land in fresh memory: 8 MB of
+ * an epoch of 10k small records).  A kernel without it (before 5.14)
+ * maps them as they are written, as before. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define BLOCK_HEAD 4096u
+typedef struct {
+    size_t mapped;            /* bytes of the block known mapped */
+} block_head;
+static int populate_off;      /* the kernel refused MADV_POPULATE_WRITE */
+
+static void *map_ahead(void *p, size_t need)
+{
+    block_head *h = (block_head *)((uint8_t *)p - BLOCK_HEAD);
+    size_t end = (need + 4095) & ~(size_t)4095;
+    if (end > h->mapped) {
+        if (!__atomic_load_n(&populate_off, __ATOMIC_RELAXED) &&
+            madvise((uint8_t *)p + h->mapped, end - h->mapped,
+                    MADV_POPULATE_WRITE) && errno == EINVAL)
+            __atomic_store_n(&populate_off, 1, __ATOMIC_RELAXED);
+        h->mapped = end;
+    }
+    return p;
+}
+
 void *lio_block_take(size_t need, size_t *cap)
 {
     void *p = NULL;
@@ -85,16 +117,18 @@ void *lio_block_take(size_t need, size_t *cap)
     }
     pthread_mutex_unlock(&blocks.lock);
     if (p)
-        return p;
+        return map_ahead(p, need);
     /* An eighth more than asked: windows of the same batch count differ
      * by a few percent, and a block a little short of the next is no use. */
     if (need > SIZE_MAX / 2)
         return NULL;
     *cap = need + need / 8 > BLOCK_MIN ? need + need / 8 : BLOCK_MIN;
     *cap = (*cap + 4095) & ~(size_t)4095;
-    if (posix_memalign(&p, 4096, *cap))
+    if (*cap > SIZE_MAX - BLOCK_HEAD ||
+        posix_memalign(&p, 4096, BLOCK_HEAD + *cap))
         return NULL;
-    return p;
+    ((block_head *)p)->mapped = 0;
+    return map_ahead((uint8_t *)p + BLOCK_HEAD, need);
 }
 
 void lio_block_give(void *p, size_t cap)
@@ -110,7 +144,8 @@ void lio_block_give(void *p, size_t cap)
         p = NULL;
     }
     pthread_mutex_unlock(&blocks.lock);
-    free(p);
+    if (p)
+        free((uint8_t *)p - BLOCK_HEAD);
 }
 
 /* ---- the pipeline -------------------------------------------------------- */

@@ -40,6 +40,7 @@
  *   make -C tests/c asan      (AddressSanitizer + UBSan)
  *   make -C tests/c tsan      (ThreadSanitizer)
  */
+#define _DEFAULT_SOURCE /* mincore, MAP_ANONYMOUS (test: blocks) */
 #include <lmdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1293,6 +1296,79 @@ static int t_device_later(lfile *f)
     return 0;
 }
 
+/* Recycled blocks (lio_block_take/give): each holds at least what was
+ * asked, writable, and the part asked for is mapped in before it is
+ * returned (mincore: resident), on a block recycled larger too; the
+ * block returned last that fits is reused.  Mapping ahead is a
+ * MADV_POPULATE_WRITE (Linux 5.14): where the kernel refuses it, only
+ * the sizes and the reuse are checked, and the note says so. */
+static int resident(const uint8_t *p, size_t n, size_t *first_out)
+{
+    size_t pages = (n + 4095) / 4096;
+    unsigned char *vec = malloc(pages ? pages : 1);
+    int all = 1;
+    if (!vec || mincore((void *)p, pages * 4096, vec)) {
+        free(vec);
+        return -1;
+    }
+    for (size_t i = 0; i < pages; i++)
+        if (!(vec[i] & 1)) {
+            *first_out = i;
+            all = 0;
+            break;
+        }
+    free(vec);
+    return all;
+}
+
+static int t_blocks(lfile *f)
+{
+    static const size_t sizes[] = {1, 4096, 200000, 1u << 20, 3u << 20,
+                                   5u << 20};
+    int can_populate;
+    void *probe;
+    set_case("blocks/%s", f->label);
+    probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (probe == MAP_FAILED) {
+        fail("mmap: %s", strerror(errno));
+        return 0;
+    }
+    can_populate = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
+    munmap(probe, 4096);
+    if (!can_populate)
+        note("blocks/%s: the kernel refuses MADV_POPULATE_WRITE: residency "
+             "not checked", f->label);
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        size_t need = sizes[i], cap = 0, cap2 = 0, at = 0, more;
+        uint8_t *p = lio_block_take(need, &cap), *q;
+        int r;
+        if (!p || cap < need || ((uintptr_t)p & 4095)) {
+            fail("take(%zu): block %p of %zu bytes", need, (void *)p, cap);
+            lio_block_give(p, cap);
+            continue;
+        }
+        if (can_populate && (r = resident(p, need, &at)) != 1)
+            fail("take(%zu): page %zu of the block not mapped in (%d)",
+                 need, at, r);
+        memset(p, 0xa5, need);
+        lio_block_give(p, cap);
+        /* the same block again, asked for more of it than was written */
+        more = cap - cap / 8 > need ? cap - cap / 8 : need;
+        q = lio_block_take(more, &cap2);
+        if (q != p)
+            fail("take(%zu) after giving back %p (%zu bytes): %p, not it",
+                 more, (void *)p, cap, (void *)q);
+        else if (can_populate && (r = resident(q, more, &at)) != 1)
+            fail("take(%zu) of a recycled block: page %zu not mapped in "
+                 "(%d)", more, at, r);
+        if (q)
+            memset(q, 0x5a, more);
+        lio_block_give(q, cap2);
+    }
+    return 0;
+}
+
 /* ---- driver ---------------------------------------------------------------------- */
 
 static const struct {
@@ -1306,6 +1382,7 @@ static const struct {
     {"fork", t_fork},
     {"device", t_device},
     {"device_later", t_device_later},
+    {"blocks", t_blocks},
 };
 #define NTESTS (sizeof tests / sizeof *tests)
 
@@ -1330,7 +1407,7 @@ int main(int argc, char **argv)
     }
     if (!any) {
         fprintf(stderr, "test_pipeline: no test named (tests: whole begun "
-                "stop stop_thread fork device)\n0/0 passed\n");
+                "stop stop_thread fork device device_later blocks)\n0/0 passed\n");
         return 0;
     }
     memset(&sa, 0, sizeof sa);
