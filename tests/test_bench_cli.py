@@ -415,6 +415,109 @@ def test_limits_rejects_what_it_cannot_read(tmp_path):
         dict(name="fault", threads=1, value=1.5, unit="us")]
 
 
+def _result(mode, rows, path="/db", records=1000, file_bytes=1 << 20):
+    return dict(dataset="db", records=records, mode=mode, path=path,
+                file_bytes=file_bytes,
+                rows=[dict(peer=k, seconds_median=v) for k, v in rows.items()])
+
+
+def test_bounds_cold_follow_from_the_run():
+    """benches/bounds.py's cold bounds: the peer's cold time over
+    max(load, hot) and over load + hot, load being the cold pread row's;
+    rows without their peer, their hot time or a cold pread are left
+    out."""
+    _, mod = _bench_script("bounds.py")
+    hot = _result("hot", {"pread": 0.1, "py-lmdb": 0.3, "lmdbio": 0.2,
+                          "py-lmdb-get": 1.0, "lmdbio-shuffled/later": 0.5,
+                          "lmdbio-get": 0.9})
+    cold = _result("cold", {"pread": 0.4, "py-lmdb": 0.8, "lmdbio": 0.6,
+                            "py-lmdb-get": 1.6, "lmdbio-shuffled/later": 1.0,
+                            "lmdbio-reader/first": 0.5})
+    got = {b["peer"]: b for b in mod.cold_bounds([hot, cold])}
+    assert sorted(got) == ["lmdbio", "lmdbio-shuffled/later"]
+    walk, shuf = got["lmdbio"], got["lmdbio-shuffled/later"]
+    assert walk["vs"] == "py-lmdb" and shuf["vs"] == "py-lmdb-get"
+    assert walk["measured"] == pytest.approx(0.8 / 0.6)
+    assert walk["overlap"] == pytest.approx(0.8 / 0.4)
+    assert walk["serial"] == pytest.approx(0.8 / 0.6)
+    assert shuf["measured"] == pytest.approx(1.6)
+    assert shuf["overlap"] == pytest.approx(1.6 / 0.5)
+    assert shuf["serial"] == pytest.approx(1.6 / 0.9)
+    cold_no_pread = _result("cold", {"py-lmdb": 0.8, "lmdbio": 0.6})
+    assert mod.cold_bounds([hot, cold_no_pread]) == []
+
+
+def test_bounds_hot_floor_is_one_read_a_record():
+    """The shuffled floor: records x the two-thread read time, and a first
+    start also one two-thread read of the file; the bound is py-lmdb-get's
+    time over it (the machine's figures stubbed)."""
+    _, mod = _bench_script("bounds.py")
+    assert mod.hot_floor(1000, 2.0) == pytest.approx(2e-3)
+    assert mod.hot_floor(1000, 2.0, 4 << 30, 4.0) == pytest.approx(
+        2e-3 + (4 << 30) / 4e9)
+    hot = _result("hot", {"py-lmdb-get": 0.01, "lmdbio-shuffled/first": 0.008,
+                          "lmdbio-shuffled/later": 0.005},
+                  file_bytes=2_000_000)
+    mod.mean_value_bytes = lambda path: 800.0
+    seen = []
+
+    def measure(path, size):
+        seen.append((path, size))
+        return 2.0, 1.0
+    got = {b["peer"]: b for b in mod.hot_bounds([hot], measure)}
+    assert seen == [("/db", 800)]
+    assert got["lmdbio-shuffled/later"]["floor"] == pytest.approx(2e-3)
+    assert got["lmdbio-shuffled/later"]["bound"] == pytest.approx(5.0)
+    assert got["lmdbio-shuffled/later"]["measured"] == pytest.approx(2.0)
+    assert got["lmdbio-shuffled/first"]["floor"] == pytest.approx(4e-3)
+    assert got["lmdbio-shuffled/first"]["bound"] == pytest.approx(2.5)
+
+
+def test_bounds_of_a_real_run(tmp_path):
+    """A real bench run, hot and cold, through benches/bounds.py: every
+    lmdbio row with its peer gets its bounds, the overlap bound never below
+    the serial one, and the hot floors are measured on the run's file."""
+    script, _ = _bench_script("bounds.py")
+    path = _make_env(tmp_path / "db", n=3000, size=600)
+    run_json = tmp_path / "run.json"
+    rc, out, err = run(["bench", path, "--rounds", "1", "--modes", "hot,cold",
+                        "--peers", "pread,py-lmdb,lmdbio,py-lmdb-get,"
+                        "lmdbio-shuffled", "--json", str(run_json), "-q"])
+    assert rc == 0, err
+    bounds_json = tmp_path / "bounds.json"
+    p = subprocess.run([sys.executable, script, str(run_json), "--json",
+                        str(bounds_json)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(bounds_json.read_text())
+    assert sorted(b["peer"] for b in got["cold"]) == [
+        "lmdbio", "lmdbio-shuffled/first", "lmdbio-shuffled/later"]
+    for b in got["cold"]:
+        assert 0 < b["serial"] <= b["overlap"], b
+    assert sorted(b["peer"] for b in got["hot"]) == [
+        "lmdbio-shuffled/first", "lmdbio-shuffled/later"]
+    for b in got["hot"]:
+        assert 600 <= b["value_bytes"] <= 640 and b["read_us"] > 0, b
+        assert b["bound"] == pytest.approx(
+            b["measured"] * b["seconds"] / b["floor"])
+    assert "serial" in p.stdout and "floor" in p.stdout
+
+
+def test_bounds_rejects_what_is_not_a_run(tmp_path):
+    """Not the JSON of a bench run, or one with nothing to bound: one line."""
+    script, _ = _bench_script("bounds.py")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    p = subprocess.run([sys.executable, script, str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    _one_line_error(p, "not the JSON of an lmdbio bench run", "--json")
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"results": [_result("hot", {"pread": 1.0})]}))
+    p = subprocess.run([sys.executable, script, str(empty)],
+                       capture_output=True, text=True, timeout=60)
+    _one_line_error(p, "nothing to bound", "pread")
+
+
 def test_bench_netfs_says_what_it_needs(tmp_path):
     """benches/bench_netfs.py on a directory with no database: one line."""
     script, _ = _bench_script("bench_netfs.py")
