@@ -133,7 +133,8 @@ def hot_bounds(results: list[dict], measure=None) -> list[dict]:
 
 
 def _measure_limits(path: str, size: int):
-    sys.path.insert(0, HERE)
+    if HERE not in sys.path:   # (once, not once a dataset)
+        sys.path.insert(0, HERE)
     import limits
     data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
     rows = limits.measure(data, [size])
