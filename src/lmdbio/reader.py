@@ -8,7 +8,6 @@ few, large, concurrent reads (leaves coalesced in page order, overflow
 values read straight into the output).
 """
 
-import functools
 import hashlib
 import logging
 import os
@@ -43,55 +42,16 @@ _log = logging.getLogger('lmdbio')
 # 117 vs 134 ms, big 184 vs 187 ms); shuffled 4 MiB, where a larger window
 # holds records nearer each other in the file (500k small records 715 vs
 # 801 ms).
-# When the OS cache holds the whole file (a later epoch, a dataset that
-# fits in memory), a window in key order is sized so that its leaves and
-# the batches copied from them fit in a core's L2 cache together: half of
-# it, 1-2 MiB.  With a 2 MiB L2, fresh processes over 500k small records,
-# ten interleaved each: 1 MiB windows took 0.139 s (first start) and
-# 0.121 s (later start) against 0.156 and 0.131 s with 2 MiB, 512 KiB
-# windows 0.155 and 0.131 s.  Reading from the device, the same 1 MiB
-# windows took 0.556 s against 0.519 s (less read ahead in flight): a
-# window then stays at 2 MiB.
+# The same 2 MiB when the OS cache holds the whole file.  Each window costs
+# a fixed hand-over between the lanes and the consumer (a wake-up, a
+# context switch: ~50 us on a 2-vCPU VM), so a smaller window loses more
+# than the CPU cache gives back.  Fresh processes over 500k small records,
+# hot, later start: on an AMD EPYC (1 MiB L2 a core) 2 MiB windows took
+# 0.045 s in-process against 0.053 s with 1 MiB and 0.043 s with 4 MiB,
+# and 0.67-0.73x raw pread in fresh processes against 0.55-0.61x with 1
+# MiB; on an Intel Xeon (2 MiB L2), 1 MiB took 0.121 s against 0.131 s.
 _WINDOW_BYTES = 4 << 20
 _ORDERED_WINDOW_BYTES = 2 << 20
-_CACHED_WINDOW_MIN = 1 << 20
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes():
-    """A core's L2 cache (data or unified) in bytes, from sysfs, or None."""
-    base = '/sys/devices/system/cpu/cpu0/cache'
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return None
-    for name in sorted(names):
-        try:
-            with open(os.path.join(base, name, 'level')) as f:
-                level = f.read().strip()
-            with open(os.path.join(base, name, 'type')) as f:
-                kind = f.read().strip()
-            with open(os.path.join(base, name, 'size')) as f:
-                size = f.read().strip()
-        except OSError:
-            continue
-        if level != '2' or kind == 'Instruction':
-            continue
-        unit = {'K': 1 << 10, 'M': 1 << 20}.get(size[-1:].upper(), 1)
-        try:
-            return int(size.rstrip('KkMm')) * unit
-        except ValueError:
-            return None
-    return None
-
-
-def _cached_window_bytes():
-    """A window in key order over a file the OS cache holds: half a core's
-    L2, within 1-2 MiB (2 MiB when the L2 is unknown)."""
-    l2 = _l2_bytes()
-    if l2 is None:
-        return _ORDERED_WINDOW_BYTES
-    return max(_CACHED_WINDOW_MIN, min(l2 // 2, _ORDERED_WINDOW_BYTES))
 
 
 def _build_round(f):
@@ -109,14 +69,10 @@ def _build_round(f):
     return min(8 << 20, max(2, os.cpu_count() or 1) << 20)
 
 
-def _window_budget(prefetch_bytes, shuffle, lanes=2, cached=False):
+def _window_budget(prefetch_bytes, shuffle, lanes=2):
     """What a window may hold: a share of prefetch_bytes (one window being
-    read per lane, one consumed, one waiting), at most a few MiB (in key
-    order over a file the OS cache holds: what fits in the L2 cache)."""
-    if shuffle:
-        most = _WINDOW_BYTES
-    else:
-        most = _cached_window_bytes() if cached else _ORDERED_WINDOW_BYTES
+    read per lane, one consumed, one waiting), at most a few MiB."""
+    most = _WINDOW_BYTES if shuffle else _ORDERED_WINDOW_BYTES
     return max(1, min(prefetch_bytes // (lanes + 2), most))
 # Leaves held in memory for random access (_random_access), at most this
 # many bytes: a million CIFAR-like records have 26 MB of leaves, a million
@@ -1559,20 +1515,17 @@ class Reader:
         rank will need a good part of the file's leaves this epoch (the
         whole epoch, or a shard with several records per leaf), every region
         it touches is read whole on first touch (later windows find the
-        rest cached); otherwise only regions a window needs densely.
-        Whether the OS cache holds every file (_window_budget)."""
+        rest cached); otherwise only regions a window needs densely."""
         files = [r._file for r in self._parts] \
             if self._parts is not None else [self._file]
         share = self.num_records / max(1, self.total_records)
         region = self._policy[2]
-        cached = True
         with self._lane_locks[0], self._lane_locks[1]:
             if self._file is None:
-                return False   # closed (under both locks) meanwhile
+                return   # closed (under both locks) meanwhile
             for f in files:
                 if f is None:
                     continue
-                cached = cached and f.file_cached() is True
                 lo, end = f.index_range   # (a partial index: its leaves)
                 per_leaf = (end - lo) / max(1, f.num_leaves)
                 if f.index_pending:   # (counted so far: a few, or none)
@@ -1580,7 +1533,6 @@ class Reader:
                 need = 1 - (1 - min(share, 1.0)) ** per_leaf
                 f.set_cache(region, 1 if need >= 1 / 16 else 16,
                             self.cache == 'drop')
-        return cached
 
     def _iter_windows(self, total, first_pos=0):
         """Batches of this rank's share, read a window at a time by two
@@ -1598,9 +1550,8 @@ class Reader:
         bs = self.batch_size
         lanes = len(self._lane_locks)
         order = self._epoch_order()
-        cached = self._new_pass()
-        budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes,
-                                cached)
+        self._new_pass()
+        budget = _window_budget(self.prefetch_bytes, self.shuffle, lanes)
         self.window_stats['window_budget'] = budget
         cond = threading.Condition(threading.RLock())
         stop = threading.Event()
