@@ -48,7 +48,7 @@ _log = logging.getLogger('lmdbio')
 # than the CPU cache gives back.  Fresh processes over 500k small records,
 # hot, later start: on an AMD EPYC (1 MiB L2 a core) 2 MiB windows took
 # 0.045 s in-process against 0.053 s with 1 MiB and 0.043 s with 4 MiB,
-# and 0.67-0.73x raw pread in fresh processes against 0.55-0.61x with 1
+# and 0.69-0.74x raw pread in fresh processes against 0.52-0.57x with 1
 # MiB; on an Intel Xeon (2 MiB L2), 1 MiB took 0.121 s against 0.131 s.
 _WINDOW_BYTES = 4 << 20
 _ORDERED_WINDOW_BYTES = 2 << 20
