@@ -911,6 +911,23 @@ int lio_bulk_read_leaves(lio_bulk *b, uint64_t lo, uint64_t hi)
     return end_step(b, LIO_SUCCESS);
 }
 
+/* How many records ahead prepare asks for a node (a few misses' worth of
+ * work on). */
+#define LOCATE_AHEAD 8u
+
+/* Ask the CPU for record r's node in its leaf (slot set; the node pointer
+ * asked for already), leaf its index position. */
+static void prefetch_node(const lio_bulk *b, const rec *r, uint64_t leaf)
+{
+    const uint8_t *p = b->slotp[r->slot];
+    uint64_t rank = r->ordinal - b->idx->first[leaf];
+    if (rank < (b->env->psize - PAGEHDRSZ) / 2) {
+        uint16_t at = ld16(p + PAGEHDRSZ + 2 * rank);
+        if (at < b->env->psize)
+            __builtin_prefetch(p + at);
+    }
+}
+
 int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      uint64_t *key_bytes, uint64_t *value_bytes)
 {
@@ -1012,9 +1029,15 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
                      * only (fill still copies from them) */
     if (rc)
         goto out;
+    /* Each record's slot first, asking for its leaf's header and node
+     * pointer; then each record located, asking for the node of the one
+     * LOCATE_AHEAD on.  In a shuffled window every record is on another
+     * leaf, and the leaves held in memory outgrow the CPU's caches: the
+     * two misses a record would wait for come in while others are found
+     * (CIFAR-like, hot, shuffled: a third of the lanes' prepare). */
     for (size_t i = 0, j = 0, lo = 0; i < n; i++) {
         rec *r = &b->recs[i];
-        uint64_t leaf;
+        uint64_t leaf, rank;
         if (r->at)
             continue;
         leaf = leafof[j++];
@@ -1033,7 +1056,28 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
             }
         }
         r->slot = (uint32_t)lo;
-        rc = locate(b, b->slotp[lo], idx->leaf_pgno[leaf],
+        rank = r->ordinal - idx->first[leaf];
+        if (!ascending && rank < (b->env->psize - PAGEHDRSZ) / 2) {
+            __builtin_prefetch(b->slotp[lo]);
+            __builtin_prefetch(b->slotp[lo] + PAGEHDRSZ + 2 * rank);
+        }
+    }
+    for (size_t i = 0, j = 0, ai = 0, aj = 0; i < n; i++) {
+        rec *r = &b->recs[i];
+        uint64_t leaf;
+        if (r->at)
+            continue;
+        /* (ai, aj): the next record read through its leaf not asked
+         * for yet, and its place in leafof */
+        while (!ascending && aj < nleafy && aj <= j + LOCATE_AHEAD) {
+            while (b->recs[ai].at)
+                ai++;
+            prefetch_node(b, &b->recs[ai], leafof[aj]);
+            ai++;
+            aj++;
+        }
+        leaf = leafof[j++];
+        rc = locate(b, b->slotp[r->slot], idx->leaf_pgno[leaf],
                     r->ordinal - idx->first[leaf], r);
         if (rc)
             goto out;
