@@ -416,10 +416,13 @@ def test_values_kept_by_the_program_are_never_changed(tmp_path):
 
 def test_a_dropped_value_object_takes_the_next_value(tmp_path):
     """Which object holds a value, as tracemalloc sees it: the memory a
-    dropped value's object was allocated with holds the next one."""
+    dropped value's object was allocated with holds the next one.  (Values
+    over 1 MiB, which a walk reads one at a time; the objects of values it
+    reads ahead come from the same pool.)"""
     import tracemalloc
     path = str(tmp_path)
-    items = make(path, [50000, 46000, 46000])
+    mib = 1 << 20
+    items = make(path, [mib + 50000, mib + 46000, mib + 46000])
     env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
     tracemalloc.start(1)
     try:
@@ -497,7 +500,7 @@ SMALL_RUNS = st.one_of(st.integers(2100, PS - HDR),            # one page
 
 
 def test_batched_values_equal_pylmdb_and_the_one_at_a_time_path(tmp_path):
-    """Values of up to 16 KiB that a forward walk meets are read several
+    """Values of up to 1 MiB that a forward walk meets are read several
     per request: any insertion order (runs in key order, or not), values
     skipped, buffers or not, every cursor configuration, equal to py-lmdb
     and to the reference path that reads one value at a time."""
@@ -580,6 +583,30 @@ def test_a_walk_reads_small_values_many_per_request(tmp_path, size):
     leaves = LmdbFile(path).leaves("t")
     assert 2 <= len(leaves) <= 4
     assert batched <= sum(1 + -(-len(p.nodes) // 85) for p in leaves) + 3
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"),
+                    reason="counts reads with /proc/self/io (Linux)")
+@pytest.mark.parametrize("size,per_request", [(200 << 10, 5), ((1 << 20) + 1, 1)],
+                         ids=["200KiB", "over-1MiB"])
+def test_a_walk_reads_values_up_to_1_mib_several_per_request(
+        tmp_path, size, per_request):
+    """Values of 200 KiB in key order: a scan reads five a request (their
+    runs span at most 1 MiB); values over 1 MiB one a request."""
+    own = _own_reads()
+    path = str(tmp_path)
+    items = make(path, [size] * 20)
+    env = open_sub(path, ("batched", {}, {"readahead": False}))
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            before = read_syscalls()
+            got = list(txn.cursor())
+            reads = read_syscalls() - before - own
+    finally:
+        env.close()
+    assert got == items
+    # the values' requests, the leaf, the root and the two meta pages
+    assert 20 // per_request <= reads <= -(-20 // per_request) + 5, reads
 
 
 @pytest.mark.parametrize("field", [dict(pgno_field=1), dict(flags=0x02),

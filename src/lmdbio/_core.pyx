@@ -1998,9 +1998,13 @@ cdef class Cursor:
         n = lio_cursor_plan_values(self._c, self._runs, LIO_VALUES_MAX,
                                    _AHEAD_BYTES) if self._fast else 0
         if n > 1:
+            if self._values is None:
+                self._values = _Values()
             objs = [None] * n
             for i in range(<Py_ssize_t>n):
-                o = PyBytes_FromStringAndSize(NULL, self._runs[i].size)
+                # (the pool's: a value the program let go of lends its
+                # memory, mapped and cached, as to a value read alone)
+                o = self._values.new(self._runs[i].size)
                 objs[i] = o
                 dsts[i] = PyBytes_AS_STRING(o)
             with nogil:
