@@ -417,8 +417,8 @@ def test_values_kept_by_the_program_are_never_changed(tmp_path):
 def test_a_dropped_value_object_takes_the_next_value(tmp_path):
     """Which object holds a value, as tracemalloc sees it: the memory a
     dropped value's object was allocated with holds the next one.  (Values
-    over 1 MiB, which a walk reads one at a time; the values it reads
-    ahead get objects of their own.)"""
+    over 1 MiB, which a walk reads one at a time; the objects of values it
+    reads ahead come from the same pool.)"""
     import tracemalloc
     path = str(tmp_path)
     mib = 1 << 20
@@ -453,13 +453,11 @@ def _line():
 
 def test_value_objects_over_32_mib_are_not_kept(tmp_path):
     """A dropped value of more than 32 MiB is freed at once (the cursor
-    does not keep it for the next value), where a smaller one is kept.
-    (Values over 1 MiB, which a walk reads one at a time into the pool's
-    objects; the values it reads ahead get objects of their own.)"""
+    does not keep it for the next value), where a smaller one is kept."""
     import gc
     import tracemalloc
     path = str(tmp_path)
-    big, small = (33 << 20) + 5, (2 << 20) + 100000
+    big, small = (33 << 20) + 5, 100000
     items = [(key_of(i), value_of(i, s))
              for i, s in enumerate([big, big, small, small])]
     write_items(path, items, name=b"t", map_size=1 << 30)

@@ -1998,16 +1998,13 @@ cdef class Cursor:
         n = lio_cursor_plan_values(self._c, self._runs, LIO_VALUES_MAX,
                                    _AHEAD_BYTES) if self._fast else 0
         if n > 1:
+            if self._values is None:
+                self._values = _Values()
             objs = [None] * n
             for i in range(<Py_ssize_t>n):
-                # New objects, not the pool's (_Values): a batch's objects
-                # are freed to malloc in turn, which hands their memory to
-                # the next batch while the CPU's caches still hold it; the
-                # pool's three kept objects added to a batch's in flight
-                # outgrew them (a walk over 190 KiB values, hot, 12 runs
-                # interleaved: median 42 ms through the pool, 37 ms with
-                # new objects).
-                o = PyBytes_FromStringAndSize(NULL, self._runs[i].size)
+                # (the pool's: a value the program let go of lends its
+                # memory, mapped and cached, as to a value read alone)
+                o = self._values.new(self._runs[i].size)
                 objs[i] = o
                 dsts[i] = PyBytes_AS_STRING(o)
             with nogil:
