@@ -248,8 +248,8 @@ typedef struct lio_value_run {
  * order); returns their number: 0 when no value is waiting, 1 when only
  * that one qualifies (read it with lio_cursor_value_into).  Values of up
  * to 1 MiB: a read request costs more than the copy of a small value
- * (hot, reads of 1 MiB copied 10.3-15.5 GB/s on the test VM, reads of
- * 192 KiB 9.3-11.0 GB/s, of 64 KiB 7.6-10.0 GB/s). */
+ * (hot, reads of 1 MiB copied 10.3-16.5 GB/s on the test VM, reads of
+ * 192 KiB 9.3-11.2 GB/s, of 64 KiB 7.6-10.0 GB/s). */
 #define LIO_BATCH_VALUE_MAX (1u << 20)
 size_t lio_cursor_plan_values(lio_cursor *c, lio_value_run *runs, size_t max,
                               size_t max_bytes);
