@@ -213,7 +213,8 @@ static int in_file_order(lio_bulk *b, const uint64_t *pages, size_t n)
  * where the leaves are read in file order: the OS's own read-ahead
  * fetches them in requests of its window's size, which advice of 1 MiB
  * regions cut short (500k small records in key order, cold: 600-850
- * requests of 0.5-0.7 MB advised, 150-190 of 2.2-2.8 MB not). */
+ * requests of 0.5-0.7 MB and 224-261 ms advised, 150-170 requests of
+ * 2.5-2.8 MB and 196-206 ms not). */
 static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
 {
     uint64_t psize = b->env->psize;
