@@ -83,8 +83,6 @@ struct lio_bulk {
     unsigned region_min;      /* needed leaves that make a region dense */
     int drop;                 /* drop what was read once consumed */
     uint64_t drop_lo, drop_hi, drop_bytes; /* read since the last drop */
-    uint64_t run_end;         /* the page after the last leaves advised
-                               * or read this pass (0: none yet) */
     uint8_t *advised;         /* one bit per region advised this pass */
     size_t advised_bytes;
     uint64_t advised_count;   /* bits set: all of the file's = nothing to do */
@@ -181,7 +179,6 @@ void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
 void lio_bulk_new_pass(lio_bulk *b)
 {
     drop_read(b);
-    b->run_end = 0;
     b->advised_count = 0;
     if (b->advised)
         memset(b->advised, 0, b->advised_bytes);
@@ -192,34 +189,14 @@ uint64_t lio_bulk_leaf_bytes(const lio_bulk *b)
     return (uint64_t)b->leaves_read * b->env->psize;
 }
 
-/* Whether leaves (page numbers sorted, n > 0) are read in file order: at
- * least half of the pages they span, starting within the OS's read-ahead
- * window of where the leaves before them ended (the windows of key order
- * over an appended file, or of a shard of it; the lanes take every other
- * window).  The OS reads ahead of such reads by itself, and only of a
- * file on a block device (lio_os_window_pages is 0 elsewhere). */
-static int in_file_order(lio_bulk *b, const uint64_t *pages, size_t n)
-{
-    uint64_t reach = lio_os_window_pages(b->env), end = b->run_end;
-    uint64_t first = pages[0], last = pages[n - 1];
-    b->run_end = last + 1;
-    return reach && end && last - first < 2 * (uint64_t)n &&
-           first + reach >= end && first <= end + reach;
-}
-
 /* Ask for whole regions where the window's leaves (page numbers sorted,
  * each inside the file) are dense: the storage then reads them in large
- * requests, and later windows find the rest of each region cached.  Not
- * where the leaves are read in file order: the OS's own read-ahead
- * fetches them in requests of its window's size, which advice of 1 MiB
- * regions cut short (500k small records in key order, cold: 600-850
- * requests of 0.5-0.7 MB and 224-261 ms advised, 150-170 requests of
- * 2.5-2.8 MB and 196-206 ms not). */
+ * requests, and later windows find the rest of each region cached. */
 static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
 {
     uint64_t psize = b->env->psize;
     size_t i = 0;
-    if (!b->region || !b->ex.advise || !n || in_file_order(b, pages, n))
+    if (!b->region || !b->ex.advise || !n)
         return;
     while (i < n) {
         uint64_t reg = pages[i] * psize / b->region;

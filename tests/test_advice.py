@@ -3,16 +3,12 @@ its next windows need (WILLNEED) unless a probe finds them cached; asking
 for a cached region costs the kernel a lookup of each of its pages.
 
 A hot epoch gives no advice, an epoch over an evicted file gives some, and
-the batches are the same either way.  Where the OS reads ahead of reads in
-file order by itself (a block device with a read-ahead window of 2 MiB or
-more), an epoch in key order over an appended file leaves it to the OS.
+the batches are the same either way.
 """
 
 from __future__ import annotations
 
 import os
-
-import random
 
 import numpy as np
 import pytest
@@ -209,48 +205,3 @@ def test_cached_and_evicted_files_get_the_same_windows_and_batches(
         return   # (this filesystem refuses O_DIRECT)
     with r:
         assert r._file.file_cached() is None   # (O_DIRECT: not its cache)
-
-
-def _os_read_ahead_kb(path):
-    """The read-ahead window of the block device holding path (sysfs, the
-    device or its parent), or None (no block device, or not known)."""
-    st = os.stat(path)
-    if os.major(st.st_dev) == 0:
-        return None
-    for up in ("", "../"):
-        name = "/sys/dev/block/%d:%d/%squeue/read_ahead_kb" % (
-            os.major(st.st_dev), os.minor(st.st_dev), up)
-        try:
-            with open(name) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def test_key_order_over_an_appended_file_leaves_read_ahead_to_the_os(
-        env_path, tmp_path):
-    """Evicted, in key order: over the appended file only the first
-    windows' regions are advised (the lanes' leaves follow each other in
-    file order, which the OS reads ahead of in large requests); over the
-    same records written in random key order (leaves scattered), region
-    after region is.  The batches are the same."""
-    ra = _os_read_ahead_kb(_data(env_path))
-    if ra is None or ra < 2048:
-        pytest.skip("no block device with a read-ahead window of 2 MiB or "
-                    "more here (read_ahead_kb %r)" % (ra,))
-    order = list(range(RECORDS))
-    random.Random(1).shuffle(order)
-    scattered = str(tmp_path / "scattered")
-    write_sized(scattered, [800] * RECORDS, order=order)
-    regions = os.path.getsize(_data(env_path)) >> 20
-    got = {}
-    for path in (env_path, scattered):
-        _evict(path)
-        batches, given, skipped = _epoch(path, str(tmp_path / "ic"))
-        got[path] = batches, given + skipped
-    assert got[env_path][1] <= 8 < regions // 2 <= got[scattered][1], \
-        (got[env_path][1], got[scattered][1], regions)
-    assert len(got[env_path][0]) == len(got[scattered][0])
-    for (ia, va, oa), (ib, vb, ob) in zip(got[env_path][0], got[scattered][0]):
-        assert np.array_equal(ia, ib) and va == vb and np.array_equal(oa, ob)
