@@ -1994,12 +1994,12 @@ cdef class Cursor:
                 return self._took(o)
         self._ahead = None
         self._ahead_i = self._ahead_n = 0
+        if self._values is None:
+            self._values = _Values()
         # (LMDBIO_CURSOR_FASTPATH=0, the reference path: one at a time)
         n = lio_cursor_plan_values(self._c, self._runs, LIO_VALUES_MAX,
                                    _AHEAD_BYTES) if self._fast else 0
         if n > 1:
-            if self._values is None:
-                self._values = _Values()
             objs = [None] * n
             for i in range(<Py_ssize_t>n):
                 # (the pool's: a value the program let go of lends its
@@ -2019,8 +2019,6 @@ cdef class Cursor:
                 return self._took(o)
             # a damaged run or a failed read: the value asked for alone,
             # which raises if it is the broken one
-        if self._values is None:
-            self._values = _Values()
         return self._took(_value_into(self._c, self._val.size, self._values,
                                       self.txn, 'mdb_cursor_get'))
 
