@@ -751,22 +751,6 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
 
 static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
 
-/* A forked child's first extension of an index: the thread that may have
- * held its lock at the fork (a read() of the parent's, say) is not in the
- * child, so the lock is made anew, once, whichever thread comes first.
- * (regrow itself is held only for that, in a child.) */
-static pthread_mutex_t regrow = PTHREAD_MUTEX_INITIALIZER;
-
-static void regrow_lock(lio_index *idx)
-{
-    pthread_mutex_lock(&regrow);
-    if (__atomic_load_n(&idx->grow_pid, __ATOMIC_RELAXED) != getpid()) {
-        pthread_mutex_init(&idx->grow, NULL);
-        __atomic_store_n(&idx->grow_pid, getpid(), __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&regrow);
-}
-
 int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
 {
     int rc;
@@ -779,9 +763,10 @@ int lio_bulk_extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
                                     "index"));
     if (!lio_index_pending(idx) || lio_index_holds(idx, need))
         return end_step(b, LIO_SUCCESS);   /* counted: keep what is kept */
-    if (__atomic_load_n(&idx->grow_pid, __ATOMIC_ACQUIRE) != getpid())
-        regrow_lock(idx);
-    pthread_mutex_lock(&idx->grow);
+    /* (a forked child's first extension makes the lock anew: the thread
+     * that may have held it at the fork, a read() of the parent's, is not
+     * in the child) */
+    lio_lock_here(&idx->grow, &idx->grow_pid);
     rc = extend(b, idx, need, keep);
     pthread_mutex_unlock(&idx->grow);
     return rc;

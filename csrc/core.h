@@ -104,6 +104,9 @@ void lio_sort_u64(uint64_t *a, size_t n, size_t words);
 /* Grow *arr (*cap elements of elem bytes) to hold at least need elements,
  * doubling; 0, or -1 (nothing changed) when memory runs out. */
 int lio_grow(void **arr, size_t *cap, size_t need, size_t elem);
+/* Lock m, made anew first in a process other than *made_by's: a forked
+ * child lacks the thread that may have held it at the fork. */
+void lio_lock_here(pthread_mutex_t *m, pid_t *made_by);
 
 /* ---- key order (docs/format.md) --------------------------------------- */
 enum { LIO_CMP_MEMN, LIO_CMP_MEMNR, LIO_CMP_INT };

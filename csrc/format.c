@@ -1,9 +1,13 @@
 /* The page format: meta pages, database records, the structural checks of
  * pages and leaves, key order.  Bytes in, structs and verdicts out: no I/O.
  *
+ * With them, the small helpers every layer shares: sorting, growing arrays,
+ * a lock that survives fork.
+ *
  * Layer 2 of the core (after errors).
- * May call: errors.c (lio_fail) only. */
+ * May call: errors.c (lio_fail), the C library and pthreads. */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -459,4 +463,21 @@ int lio_grow(void **arr, size_t *cap, size_t need, size_t elem)
     *arr = p;
     *cap = ncap;
     return 0;
+}
+
+/* (held only while a child makes a lock anew) */
+static pthread_mutex_t remaking = PTHREAD_MUTEX_INITIALIZER;
+
+void lio_lock_here(pthread_mutex_t *m, pid_t *made_by)
+{
+    pid_t me = getpid();
+    if (__atomic_load_n(made_by, __ATOMIC_ACQUIRE) != me) {
+        pthread_mutex_lock(&remaking);
+        if (__atomic_load_n(made_by, __ATOMIC_RELAXED) != me) {
+            pthread_mutex_init(m, NULL);
+            __atomic_store_n(made_by, me, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&remaking);
+    }
+    pthread_mutex_lock(m);
 }
