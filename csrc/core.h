@@ -190,6 +190,8 @@ struct lio_env {
                                * (pager.c; ghost_size slots, hashed) */
     size_t ghost_size;
     lio_leafdir_slot leafdirs[LIO_LEAFDIR_SLOTS];  /* under lock */
+    struct lio_leafscan *scan;   /* leafdir.c's thread noting a tree's
+                                  * leaves (one at a time; under lock) */
 };
 
 /* Fetch page pgno of snapshot `snap`, validated as a tree page and pinned.
@@ -198,9 +200,14 @@ struct lio_env {
  * cache: then the aligned block around it too.  LIO_GET_ONCE: the leaf of
  * a lookup, likely not wanted again soon (random gets over a file larger
  * than the cache): once the cache is full it is recycled first, unless it
- * was missed recently too (then it is kept like any page). */
+ * was missed recently too (then it is kept like any page).  With
+ * LIO_GET_SPARSE (a tree whose leaves outnumber the cache's pages, the
+ * leaf directory's record table answering most lookups) that holds from
+ * the first miss on, not once the cache is full: a lookup then reuses one
+ * entry, cached by the CPU, instead of new memory the kernel must zero. */
 #define LIO_GET_AROUND 1
 #define LIO_GET_ONCE 2
+#define LIO_GET_SPARSE 4
 int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
                  int how, lio_page **out, lio_error *err);
 void lio_page_unpin(lio_env *env, lio_page *pg);
@@ -321,9 +328,14 @@ int lio_leafdir_noted(const lio_leafdir *d, size_t j);
 /* Note the records of leaf j from its page, read and checked by a lookup
  * (thread-safe; once per leaf).  A leaf holding a record that is not a
  * plain value, or more than the table has room for, is left to page
- * reads. */
-void lio_leafdir_note(lio_leafdir *d, size_t j, const uint8_t *page,
-                      uint32_t psize);
+ * reads.  Once lookups have noted a share of the tree's leaves, a thread
+ * of env's notes the rest (leafdir.c's scan). */
+void lio_leafdir_note(lio_env *env, lio_leafdir *d, size_t j,
+                      const uint8_t *page, uint32_t psize);
+/* Wait for d's scan, if one runs; the leaves it noted. */
+uint64_t lio_leafdir_scan_wait(lio_env *env, const lio_leafdir *d);
+/* Stop and join env's scan (lio_env_close, before the directories go). */
+void lio_leafdir_scan_stop(lio_env *env);
 /* Drop a reference from lio_leafdir_get. */
 void lio_leafdir_release(lio_env *env, lio_leafdir *d);
 /* Drop the env's own references (lio_env_close). */

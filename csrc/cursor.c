@@ -318,7 +318,9 @@ static int push_page(tcursor *c, unsigned level, uint64_t pgno, int dir)
     rc = lio_page_get(c->cur->env, &c->cur->snap, pgno,
                       (!dir || level + 1 < c->db.depth ? LIO_GET_AROUND : 0) |
                       (!dir && level > 0 && level + 1 == c->db.depth &&
-                       !c->subpage ? LIO_GET_ONCE : 0),
+                       !c->subpage ? LIO_GET_ONCE : 0) |
+                      (c->dir && lio_leafdir_has_records(c->dir)
+                       ? LIO_GET_SPARSE : 0),
                       &pg, &c->cur->err);
     if (rc)
         return rc;
@@ -1456,7 +1458,7 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
         if ((rc == LIO_SUCCESS || rc == LIO_NOTFOUND) && !c->subpage &&
             c->snum == c->db.depth &&
             c->pgno[c->top] == lio_leafdir_pgno(c->dir, c->dir_leaf))
-            lio_leafdir_note(cur->dir, c->dir_leaf, c->pg[c->top],
+            lio_leafdir_note(cur->env, cur->dir, c->dir_leaf, c->pg[c->top],
                              cur->env->psize);
         /* the levels above the leaf are stale: the next positioning
          * descends from the root */
@@ -1467,6 +1469,11 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
 }
 
 int lio_cursor_has_leafdir(const lio_cursor *cur) { return cur->dir != NULL; }
+
+uint64_t lio_cursor_leaves_scanned(lio_cursor *cur)
+{
+    return cur->dir ? lio_leafdir_scan_wait(cur->env, cur->dir) : 0;
+}
 
 uint64_t lio_cursor_gets_by_record(const lio_cursor *cur)
 {

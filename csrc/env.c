@@ -4,7 +4,7 @@
  * Layer 4 of the core (after errors, page format and page cache).
  * May call: errors.c (lio_fail*), format.c (lio_parse_meta,
  * lio_parse_meta_header, lio_check_snapshot), pager.c (lio_read_range,
- * lio_read_small, lio_cache_close), leafdir.c (lio_leafdirs_free) and the
+ * lio_read_small, lio_cache_close), leafdir.c (lio_leafdir_scan_stop, lio_leafdirs_free) and the
  * lio_source it is given. */
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -185,6 +185,7 @@ void lio_env_close(lio_env *env)
 {
     if (!env)
         return;
+    lio_leafdir_scan_stop(env);
     lio_leafdirs_free(env);
     lio_cache_close(env);
 }

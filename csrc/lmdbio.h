@@ -287,6 +287,10 @@ int lio_cursor_has_leafdir(const lio_cursor *c);
 /* How many of c's lio_get calls read only their record (or nothing, for
  * a key its leaf lacks) rather than the leaf's page. */
 uint64_t lio_cursor_gets_by_record(const lio_cursor *c);
+/* How many leaves of the tree c's lookups use a scan has noted, after
+ * waiting for the scan to end (a scan notes the leaves lookups have not
+ * reached, once they reach all over the tree: docs/drop-in.md). */
+uint64_t lio_cursor_leaves_scanned(lio_cursor *c);
 
 /* Read-ahead for lookups of keys[0..n) (a batch of gets): the leaves they
  * lead to, found through the branch pages (read when not cached) with the

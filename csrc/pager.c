@@ -447,10 +447,10 @@ static int around_done(const lio_env *env, uint64_t b)
  * reuse one entry that stays in the CPU's caches (instead of evicting
  * useful pages for pages never seen again), while a working set that is
  * looked up repeatedly is kept. */
-static int once_admit(lio_env *env, uint64_t pgno)
+static int once_admit(lio_env *env, uint64_t pgno, int sparse)
 {
     uint64_t *slot;
-    if (!env->ghost || env->npages < env->max_pages)
+    if (!env->ghost || (env->npages < env->max_pages && !sparse))
         return 1;   /* room to spare: keep everything */
     /* buckets of two, the more recent first */
     slot = &env->ghost[(pgno * 0x9E3779B97F4A7C15ull >> 17) &
@@ -512,7 +512,7 @@ int lio_page_get(lio_env *env, const lio_meta *snap, uint64_t pgno,
         }
     }
     if (how & LIO_GET_ONCE)
-        once = !once_admit(env, pgno);
+        once = !once_admit(env, pgno, how & LIO_GET_SPARSE);
     pg = take_entry(env);
     pthread_mutex_unlock(&env->lock);
     if (!pg)

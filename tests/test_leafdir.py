@@ -480,3 +480,156 @@ def test_a_file_changed_under_the_table_never_crashes(tmp_path):
         assert answered == len(keys) - len(damaged)
         assert txn._gets_by_record() > 0
     env.close()
+
+
+# ---- the scan: the leaves lookups have not reached, noted in file order ----
+#
+# Once lookups have noted a thirty-second of the tree's leaves (and the table
+# has room for every record), a thread reads the other leaves in file order
+# and notes their records: the later lookups read their record alone.
+
+SCAN_RECORDS = 6000     # about 500 leaves: twice SMALL_CACHE's pages
+
+
+def scan_tree(path, n=SCAN_RECORDS):
+    keys = [b"%07d" % (i * 7919 % 100000) for i in range(n)]
+    write(path, [(k, k * 40) for k in keys])
+    random.Random(11).shuffle(keys)
+    return keys
+
+
+def threads_of_this_process():
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_a_scan_notes_the_leaves_lookups_have_not_reached(tmp_path):
+    keys = scan_tree(tmp_path)
+    leaves = len(LmdbFile(tmp_path).leaves())
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE)
+    with env.begin() as txn:
+        first, rest = keys[:200], keys[200:]
+        assert [txn.get(k) for k in first] == [k * 40 for k in first]
+        scanned = txn._leaves_scanned()     # (waits for the scan's end)
+        # the lookups noted some leaves (at most 200), the scan the rest
+        assert leaves - 200 <= scanned < leaves
+        before = txn._gets_by_record()
+        assert [txn.get(k) for k in rest] == [k * 40 for k in rest]
+        assert txn._gets_by_record() - before == len(rest)
+        # and absent keys are answered from the table too
+        assert txn.get(b"0000000x") is None and txn.get(b"~") is None
+    env.close()
+
+
+def test_no_scan_without_read_ahead(tmp_path):
+    keys = scan_tree(tmp_path)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE, readahead=False)
+    with env.begin() as txn:
+        assert [txn.get(k) for k in keys] == [k * 40 for k in keys]
+        assert txn._leaves_scanned() == 0
+        assert txn._gets_by_record() > 0    # the table itself is there
+    env.close()
+
+
+def test_a_tree_larger_than_the_table_is_not_scanned(tmp_path):
+    # the table would fill with the leaves of the scan's choosing
+    keys = scan_tree(tmp_path, 16000)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False, cache_bytes=0)
+    with env.begin() as txn:
+        assert [txn.get(k) for k in keys] == [k * 40 for k in keys]
+        assert txn._leaves_scanned() == 0
+        assert txn._gets_by_record() > 0
+    env.close()
+
+
+def lookup_error(path, key, **kw):
+    env = lmdbio.open(str(path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE, **kw)
+    try:
+        with env.begin() as txn:
+            with pytest.raises(lmdbio.Error) as info:
+                txn.get(key)
+        return type(info.value), str(info.value)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("damage", ["pgno", "bounds"])
+def test_a_damaged_leaf_only_the_scan_read_fails_its_own_lookup(tmp_path,
+                                                                damage):
+    keys = scan_tree(tmp_path)
+    f = LmdbFile(tmp_path)
+    bad = f.leaves()[len(f.leaves()) // 2]
+    off = bad.pgno * f.psize
+    if damage == "pgno":        # the header names another page
+        patch_bytes(tmp_path / "data.mdb", off, (bad.pgno + 1).to_bytes(8, "little"))
+    else:                       # free space that ends past the page
+        patch_bytes(tmp_path / "data.mdb", off + 14, (f.psize + 8).to_bytes(2, "little"))
+    inside = {n.key for n in bad.nodes}
+    elsewhere = [k for k in keys if k not in inside]
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=SMALL_CACHE)
+    with env.begin() as txn:
+        # every lookup of another leaf answers, before and after the scan
+        assert [txn.get(k) for k in elsewhere[:1500]] == \
+            [k * 40 for k in elsewhere[:1500]]
+        assert txn._leaves_scanned() > 0
+        assert [txn.get(k) for k in elsewhere[1500:]] == \
+            [k * 40 for k in elsewhere[1500:]]
+        # the damaged leaf's lookups fail as they do with no scan
+        key = sorted(inside)[0]
+        with pytest.raises(lmdbio.Error) as info:
+            txn.get(key)
+    env.close()
+    assert (type(info.value), str(info.value)) == \
+        lookup_error(tmp_path, key, readahead=False)
+
+
+def test_closing_while_the_scan_reads_ends_its_thread(tmp_path):
+    keys = scan_tree(tmp_path, 40000)
+    before = threads_of_this_process()
+    for _ in range(3):
+        env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                          cache_bytes=1 << 22)
+        with env.begin() as txn:
+            n = 0
+            while txn._gets_by_record() == 0 or n < 3000:
+                assert txn.get(keys[n]) == keys[n] * 40
+                n += 1
+        env.close()                 # the scan may be half way
+        assert threads_of_this_process() == before
+
+
+def test_a_child_forked_during_the_scan_looks_up_on_its_own(tmp_path):
+    import os
+    keys = scan_tree(tmp_path, 40000)
+    env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                      cache_bytes=1 << 22)
+    txn = env.begin()
+    n = 0
+    while txn._gets_by_record() == 0 or n < 3000:
+        txn.get(keys[n])
+        n += 1
+    pid = os.fork()                 # while the scan runs, likely
+    if pid == 0:                    # pragma: no cover - the child
+        ok = all(txn.get(k) == k * 40 for k in keys)
+        txn.abort()
+        env.close()
+        os._exit(0 if ok else 1)
+    assert all(txn.get(k) == k * 40 for k in keys)
+    txn.abort()
+    env.close()
+    deadline = 60
+    import time
+    while deadline > 0:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+        deadline -= 0.1
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the child hung")
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -122,6 +122,7 @@ cdef extern from "lmdbio.h" nogil:
     int lio_get(lio_cursor *c, const lio_val *key, lio_val *data)
     int lio_cursor_has_leafdir(const lio_cursor *c)
     uint64_t lio_cursor_gets_by_record(const lio_cursor *c)
+    uint64_t lio_cursor_leaves_scanned(lio_cursor *c)
     size_t lio_cursor_prefetch(lio_cursor *c, const lio_val *keys, size_t n)
     int lio_cursor_step(lio_cursor *c, lio_val *key, lio_val *data,
                         int forward)

@@ -26,8 +26,10 @@ Notes on behaviour:
   opens, so a cache miss (a real read) never blocks other threads.
 - Read-ahead follows the tree: a cursor entering a leaf that is not cached
   reads the next leaves its parent names with it, several reads in flight
-  (a pool of reader threads per environment, joined when it closes).
-  ``readahead=False`` turns it off.  Test hooks: ``$LMDBIO_READAHEAD_BYTES``
+  (a pool of reader threads per environment, joined when it closes); gets
+  all over a large tree have a thread of the core note the rest of its
+  leaves (csrc/leafdir.c's scan, also joined at close).
+  ``readahead=False`` turns both off.  Test hooks: ``$LMDBIO_READAHEAD_BYTES``
   overrides the read-ahead size (0: off), ``$LMDBIO_CURSOR_FASTPATH=0``
   sends every step through lio_cursor_get, ``$LMDBIO_READAHEAD_DEVICE=1``
   reads as if the OS cache never held the file (read-around blocks, reads
@@ -505,7 +507,9 @@ cdef class Environment:
         create: Accepted for compatibility: the data file is never created
             (a missing one raises ``lmdbio.Error`` naming the path).
         readahead: A page-cache miss on a tree page reads a 256 KiB block
-            (``False``: one page).
+            (``False``: one page); lookups all over a large tree have a
+            thread note the leaves they have not reached (docs/drop-in.md;
+            ``False``: no such thread).
         writemap: Accepted for compatibility; ignored (liblmdb ignores it
             for read-only environments).
         meminit: Accepted for compatibility; reported by :py:meth:`flags`.
@@ -1737,6 +1741,16 @@ cdef class Transaction:
         alone rather than its leaf (tests; see docs/drop-in.md)."""
         return (lio_cursor_gets_by_record(self._scratch)
                 if self._scratch != NULL else 0)
+
+    def _leaves_scanned(self):
+        """How many leaves of the tree this transaction's `get` calls use
+        a scan noted, once the scan has ended (tests; see
+        docs/drop-in.md)."""
+        cdef uint64_t n = 0
+        if self._scratch != NULL:
+            with nogil:
+                n = lio_cursor_leaves_scanned(self._scratch)
+        return n
 
     def cursor(self, db=None):
         """Shortcut for ``lmdbio.Cursor(db, self)``"""
