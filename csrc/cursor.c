@@ -1443,10 +1443,15 @@ int lio_get(lio_cursor *cur, const lio_val *key, lio_val *data)
         c->dir_leaf = lio_leafdir_find(c->dir, key);
         if (table && rc == NOT_IN_TABLE &&
             lio_leafdir_noted(c->dir, c->dir_leaf)) {
-            /* its leaf's records are all in the table: no such key */
-            c->dir = NULL;
-            cur->record_gets++;
-            return LIO_NOTFOUND;
+            /* its leaf's records are all in the table: no such key, unless
+             * they were noted since the probe above (by another thread, or
+             * the scan): the tag is published after its slots */
+            rc = get_by_record(cur, key, data);
+            if (rc != READ_THE_PAGE) {
+                c->dir = NULL;
+                cur->record_gets += rc == LIO_SUCCESS || rc == NOT_IN_TABLE;
+                return rc == NOT_IN_TABLE ? LIO_NOTFOUND : rc;
+            }
         }
         cur->err.code = 0;
     } else {

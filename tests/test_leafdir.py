@@ -633,3 +633,22 @@ def test_a_child_forked_during_the_scan_looks_up_on_its_own(tmp_path):
         os.kill(pid, 9)
         pytest.fail("the child hung")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_every_answer_is_right_while_the_scan_notes(tmp_path):
+    # a lookup that misses the table, then finds its leaf noted, probes
+    # again: the scan may have noted the leaf in between
+    keys = scan_tree(tmp_path, 20000)
+    absent = [k + b"x" for k in keys[:2000]]
+    for seed in range(40):      # (without the second probe, a third of
+                                # the runs of this test failed)
+        env = lmdbio.open(str(tmp_path), readonly=True, lock=False,
+                          cache_bytes=SMALL_CACHE)
+        order = keys + absent
+        random.Random(seed).shuffle(order)
+        with env.begin() as txn:
+            wrong = [k for k in order
+                     if txn.get(k) != (None if k.endswith(b"x") else k * 40)]
+            assert txn._leaves_scanned() > 0
+        env.close()
+        assert wrong == []
