@@ -401,7 +401,10 @@ struct lio_pool {
     pthread_cond_t work, done;
     const lio_plan *plan;     /* the plan being performed */
     size_t next;              /* next read to take */
-    unsigned busy;            /* workers still on the current plan */
+    unsigned wanted;          /* workers the current plan asks for */
+    unsigned joined;          /* of them, those that took it */
+    unsigned busy;            /* those still on it */
+    unsigned cores;           /* online CPUs */
     uint64_t generation;
     int stop;
     int rc;
@@ -580,6 +583,9 @@ static void *worker(void *arg)
         if (pool->stop)
             break;
         seen = pool->generation;
+        if (pool->joined == pool->wanted)
+            continue;           /* enough of them on it */
+        pool->joined++;
         pthread_mutex_unlock(&pool->mu);
         drain(pool, pool->plan, &sink);
         pthread_mutex_lock(&pool->mu);
@@ -770,6 +776,7 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
                      size_t ntodo, lio_error *err)
 {
     size_t *all = NULL;
+    unsigned helpers;
     int rc, mine = pool->pid == getpid();
     /* A forked child has no reader threads (and the pool's locks may have
      * been held by one at the fork): it reads by itself, touching neither. */
@@ -800,9 +807,21 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
     pool->ntodo = ntodo;
     pool->next = 0;
     pool->rc = 0;
-    pool->busy = pool->nthreads;
+    /* As many workers as there are reads beside the caller's (each wakes
+     * on its own core, or keeps the caller waiting for one); from the OS
+     * cache, where more threads than cores only take turns, one a core. */
+    helpers = ntodo - 1 < pool->nthreads ? (unsigned)(ntodo - 1)
+                                         : pool->nthreads;
+    if (spread_hot(plan) && helpers >= pool->cores)
+        helpers = pool->cores > 1 ? pool->cores - 1 : 1;
+    pool->wanted = pool->busy = helpers;
+    pool->joined = 0;
     pool->generation++;
-    pthread_cond_broadcast(&pool->work);
+    if (helpers == pool->nthreads)
+        pthread_cond_broadcast(&pool->work);
+    else
+        for (unsigned k = 0; k < helpers; k++)
+            pthread_cond_signal(&pool->work);
     pthread_mutex_unlock(&pool->mu);
     drain(pool, plan, &pool->caller_sink);
     pthread_mutex_lock(&pool->mu);
@@ -826,6 +845,8 @@ int lio_pool_open(lio_pool **out, lio_posix *p, unsigned nthreads,
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
     pool->p = p;
     pool->pid = getpid();
+    pool->cores = sysconf(_SC_NPROCESSORS_ONLN) > 0
+                  ? (unsigned)sysconf(_SC_NPROCESSORS_ONLN) : 1;
     pthread_mutex_init(&pool->run_mu, NULL);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->work, NULL);
