@@ -446,6 +446,42 @@ def test_a_dropped_value_object_takes_the_next_value(tmp_path):
         env.close()
 
 
+def test_a_walks_batches_take_back_the_objects_of_the_batch_before(tmp_path):
+    """A forward walk reads values of 150 KiB six a request; once the
+    program has let go of a batch, the next batch's values land in its
+    objects, all of them (tracemalloc: every later value's object was
+    allocated while the first batches were read)."""
+    import tracemalloc
+    path = str(tmp_path)
+    items = make(path, [150 << 10] * 60)
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+
+    def first(cur):
+        return cur.value() if cur.next() else None
+
+    def later(cur):
+        return cur.value() if cur.next() else None
+
+    tracemalloc.start(1)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            cur = txn.cursor()
+            lines = set()
+            for i in range(12):             # two batches
+                v = first(cur)
+                assert v == items[i][1]
+                lines.add(tracemalloc.get_object_traceback(v)[0].lineno)
+                del v
+            for i in range(12, 60):
+                v = later(cur)
+                assert v == items[i][1]
+                assert tracemalloc.get_object_traceback(v)[0].lineno in lines
+                del v
+    finally:
+        tracemalloc.stop()
+        env.close()
+
+
 def _line():
     import sys
     return sys._getframe(1).f_lineno
