@@ -4,8 +4,8 @@
  * Layer 4 of the core (after errors, page format and page cache).
  * May call: errors.c (lio_fail*), format.c (lio_parse_meta,
  * lio_parse_meta_header, lio_check_snapshot), pager.c (lio_read_range,
- * lio_read_small, lio_cache_close), leafdir.c (lio_leafdir_scan_stop, lio_leafdirs_free) and the
- * lio_source it is given. */
+ * lio_read_small, lio_cache_close), leafdir.c (lio_leafdir_scan_stop,
+ * lio_leafdirs_free) and the lio_source it is given. */
 #include <stdlib.h>
 #include <sys/resource.h>
 

@@ -495,7 +495,8 @@ struct lio_leafscan {
 #define SCAN_NOW 2
 
 /* The records of leaf j into the table, once (its page read and checked;
- * rec_lock held).  hashes: their keys' lio_key_hash, or NULL. */
+ * rec_lock held).  hashes: their keys' lio_key_hash, from a caller that
+ * found them readable alone (records_readable), or NULL. */
 static int note_locked(lio_leafdir *d, size_t j, const uint8_t *page,
                        uint32_t psize, const uint64_t *hashes)
 {
@@ -504,7 +505,7 @@ static int note_locked(lio_leafdir *d, size_t j, const uint8_t *page,
     int did = 0;
     if ((w & LEAF_TAGS) != LEAF_UNNOTED)
         return 0;
-    if (n <= d->rec_room && records_readable(page, psize)) {
+    if (n <= d->rec_room && (hashes || records_readable(page, psize))) {
         for (unsigned i = 0; i < n; i++) {
             const uint8_t *nd = pg_node(page, i);
             lio_val key = {nd_key(nd), nd_ksize(nd)};
@@ -693,6 +694,7 @@ static void scan_start(lio_env *env, lio_leafdir *d)
 void lio_leafdir_note(lio_env *env, lio_leafdir *d, size_t j,
                       const uint8_t *page, uint32_t psize)
 {
+    pid_t scan;
     int did;
     if (!d->recs || (leaf_word(d, j) & LEAF_TAGS) != LEAF_UNNOTED)
         return;
@@ -701,7 +703,8 @@ void lio_leafdir_note(lio_env *env, lio_leafdir *d, size_t j,
      * noting a leaf of 40 records paid 4 us (a table slot missing the
      * CPU's caches for each) for the few of them the lookups to come would
      * find before the scan does. */
-    if (__atomic_load_n(&d->scan_pid, __ATOMIC_RELAXED) == getpid())
+    scan = __atomic_load_n(&d->scan_pid, __ATOMIC_RELAXED);
+    if (scan && scan == getpid())
         return;
     lio_lock_here(&d->rec_lock, &d->rec_pid);
     did = note_locked(d, j, page, psize, NULL);
