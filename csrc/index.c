@@ -68,20 +68,6 @@ static int leaf_entries(const uint8_t *p, uint32_t psize, uint64_t pg,
     return ok;
 }
 
-/* A build's map entries of leaf `pos` (key order), scanned in page order. */
-static int map_leaf(map_acc *acc, const uint8_t *p, uint32_t psize,
-                    uint64_t pg, uint64_t pos, lio_error *err)
-{
-    unsigned n = pg_numkeys(p);
-    if (lio_grow((void **)&acc->ent, &acc->cap, acc->len + n,
-                 sizeof *acc->ent))
-        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-    acc->start[pos] = acc->len;
-    leaf_entries(p, psize, pg, acc->ent + acc->len);
-    acc->len += n;
-    return LIO_SUCCESS;
-}
-
 uint64_t lio_index_find(const lio_index *idx, uint64_t ord)
 {
     /* (acquired: a begun index may be counted further meanwhile, and
@@ -360,6 +346,103 @@ static int count_leaf(const uint8_t *p, uint32_t psize, uint64_t pg,
     return lio_leaf_dup_records(p, psize, pg, count, err);
 }
 
+/* A round of leaves being read, and what is done with each read as it
+ * lands (leaf_read_done): counted, checked and mapped by the thread that
+ * copied it, while the pages sit in that core's cache, and on every core
+ * the executor uses.  One core copying a round and then counting all of
+ * it, the pages copied by another core, took most of an index build over
+ * a cached file. */
+typedef struct {
+    const uint8_t *buf;
+    size_t sz;               /* bytes of each page in buf */
+    const pg_pos *order;     /* the round's pages, in page order */
+    size_t *read_first;      /* read r: pages [read_first[r], read_first[r+1]) */
+    uint8_t *handled;        /* read r was handled (by the hook, or after) */
+    size_t *failed_at;       /* read r: 1 + the round's page that failed, or 0 */
+    uint32_t psize;
+    int dupsort;
+    uint64_t *counts;
+    map_acc *acc;            /* NULL: no record map */
+    size_t ent_used;         /* map entries handed out past acc->len (atomic) */
+} counting_round;
+
+static void leaf_read_done(void *ctx, size_t r)
+{
+    counting_round *lr = ctx;
+    size_t j0 = lr->read_first[r], j1 = lr->read_first[r + 1], j;
+    uint64_t nent = 0, at;
+    lio_error ignored;
+    for (j = j0; j < j1; j++) {
+        uint64_t *count = &lr->counts[lr->order[j].pos];
+        if (count_leaf(lr->buf + j * lr->sz, lr->psize, lr->order[j].pgno,
+                       lr->dupsort, count, &ignored) != LIO_SUCCESS) {
+            lr->failed_at[r] = j + 1;   /* its error is made again, after */
+            break;
+        }
+        nent += *count;
+    }
+    if (lr->acc && j > j0) {
+        map_acc *acc = lr->acc;
+        at = acc->len + __atomic_fetch_add(&lr->ent_used, nent,
+                                           __ATOMIC_RELAXED);
+        for (size_t k = j0; k < j; k++) {
+            uint64_t pos = lr->order[k].pos;
+            acc->start[pos] = at;
+            leaf_entries(lr->buf + k * lr->sz, lr->psize, lr->order[k].pgno,
+                         acc->ent + at);
+            at += lr->counts[pos];
+        }
+    }
+    lr->handled[r] = 1;
+}
+
+/* Read a planned round of cn leaves (order[0..cn), read_first filled by
+ * the planning) and count, check and map them: through the executor's
+ * threads where it calls the plan's hook, here for the reads it did not.
+ * The round's first damaged leaf in page order fails it, with the error a
+ * count in page order meets. */
+static int read_leaf_round(counting_round *lr, const pg_pos *order, uint64_t cn,
+                           const lio_executor *ex, lio_plan *plan,
+                           lio_error *err)
+{
+    size_t nr = plan->nreads;
+    int rc;
+    lr->order = order;
+    lr->read_first[nr] = cn;
+    memset(lr->handled, 0, nr);
+    memset(lr->failed_at, 0, nr * sizeof *lr->failed_at);
+    lr->ent_used = 0;
+    /* Room for the round's map entries before any is written: at most
+     * (psize - header) / 2 records a leaf whose header passes its check. */
+    if (lr->acc && lio_grow((void **)&lr->acc->ent, &lr->acc->cap,
+                            lr->acc->len + cn * ((lr->psize - PAGEHDRSZ) / 2),
+                            sizeof *lr->acc->ent))
+        return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+    plan->done = leaf_read_done;
+    plan->done_ctx = lr;
+    rc = ex->run(ex->ctx, plan, err);
+    plan->done = NULL;
+    if (rc)
+        return rc;
+    for (size_t r = 0; r < nr; r++)
+        if (!lr->handled[r])
+            leaf_read_done(lr, r);
+    if (lr->acc)
+        lr->acc->len += lr->ent_used;
+    for (size_t r = 0; r < nr; r++)
+        if (lr->failed_at[r]) {
+            size_t j = lr->failed_at[r] - 1;
+            uint64_t ignored;
+            rc = count_leaf(lr->buf + j * lr->sz, lr->psize, order[j].pgno,
+                            lr->dupsort, &ignored, err);
+            /* (the hook saw it fail: it fails the same way again) */
+            return rc ? rc : lio_fail(err, LIO_CORRUPTED, order[j].pgno,
+                                      "page %llu changed while it was read",
+                                      (unsigned long long)order[j].pgno);
+        }
+    return LIO_SUCCESS;
+}
+
 /* Read one level's pages (headers only where hdr_only) and collect either
  * the children (branch level) or the record counts (leaf level). */
 static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
@@ -379,6 +462,7 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
     pg_pos *order = malloc(n * sizeof *order);
     uint32_t *nkeys = NULL;
     uint8_t *buf = NULL;
+    counting_round lr = {0};
     uint64_t *kids = NULL; /* (pos, index) -> child, placed after the scan */
     uint64_t *kid_pos = NULL, nkids = 0, kids_cap = 0;
     int rc = LIO_SUCCESS;
@@ -406,11 +490,21 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
         goto out;
     }
+    if (leaf_level) {
+        lr = (counting_round){buf, sz, NULL, malloc((chunk + 1) * sizeof(size_t)),
+                          malloc(chunk), malloc(chunk * sizeof(size_t)),
+                          env->psize, dupsort, counts, acc, 0};
+        if (!lr.read_first || !lr.handled || !lr.failed_at) {
+            rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
+            goto out;
+        }
+    }
     for (uint64_t c0 = 0; c0 < n; c0 += chunk) {
         uint64_t cn = n - c0 < chunk ? n - c0 : chunk;
         lio_plan_reset(plan);
         for (uint64_t j = 0; j < cn; j++) {
             uint64_t pg = order[c0 + j].pgno;
+            size_t reads = plan->nreads;
             if ((rc = lio_check_extent(env, pg * env->psize, sz, pg, err)))
                 goto out;
             if ((rc = lio_plan_add(plan, pg * env->psize, buf + j * sz, sz))) {
@@ -418,20 +512,19 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
                               (unsigned long long)pg);
                 goto out;
             }
+            if (leaf_level && plan->nreads > reads)
+                lr.read_first[reads] = j;
+        }
+        if (leaf_level) {
+            if ((rc = read_leaf_round(&lr, order + c0, cn, ex, plan, err)))
+                goto out;
+            continue;
         }
         if ((rc = ex->run(ex->ctx, plan, err)))
             goto out;
         for (uint64_t j = 0; j < cn; j++) {
             const uint8_t *p = buf + j * sz;
             uint64_t pg = order[c0 + j].pgno, pos = order[c0 + j].pos;
-            if (leaf_level) {
-                if ((rc = count_leaf(p, env->psize, pg, dupsort, &counts[pos],
-                                     err)))
-                    goto out;
-                if (acc && (rc = map_leaf(acc, p, env->psize, pg, pos, err)))
-                    goto out;
-                continue;
-            }
             if (pg_pgno(p) != pg) {
                 rc = lio_fail(err, LIO_CORRUPTED, pg,
                               "page %llu carries page number %llu in its "
@@ -493,11 +586,15 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         *next_n = nkids;
     }
 out:
+    plan->done = NULL;
     free(order);
     free(nkeys);
     free(buf);
     free(kids);
     free(kid_pos);
+    free(lr.read_first);
+    free(lr.handled);
+    free(lr.failed_at);
     return rc;
 }
 

@@ -553,6 +553,8 @@ static void drain(lio_pool *pool, const lio_plan *plan, sink_buf *sk)
         i = pool->todo[pool->next++];
         pthread_mutex_unlock(&pool->mu);
         rc = do_read(pool, plan, &plan->reads[i], sink, &err);
+        if (rc == LIO_SUCCESS && plan->done)
+            plan->done(plan->done_ctx, i);
         if (rc) {
             pthread_mutex_lock(&pool->mu);
             if (!pool->rc) {
@@ -750,6 +752,8 @@ static int run_plan_via(lio_pool *pool, int fd, const lio_plan *plan,
                 } else {
                     hits++;
                     hit_bytes += plan->reads[i].len;
+                    if (plan->done)
+                        plan->done(plan->done_ctx, i);
                 }
             }
             /* once a plan: both lanes adding to the shared counters after
@@ -786,10 +790,13 @@ static int run_reads(lio_pool *pool, const lio_plan *plan, const size_t *todo,
         pthread_mutex_unlock(&pool->run_mu);
     }
     if (ntodo == 1 || pool->nthreads == 0 || !mine) {
-        for (size_t i = 0; i < ntodo; i++)
-            if ((rc = do_read(pool, plan, &plan->reads[todo ? todo[i] : i],
-                              plan->sink, err)))
+        for (size_t i = 0; i < ntodo; i++) {
+            size_t r = todo ? todo[i] : i;
+            if ((rc = do_read(pool, plan, &plan->reads[r], plan->sink, err)))
                 return rc;
+            if (plan->done)
+                plan->done(plan->done_ctx, r);
+        }
         return LIO_SUCCESS;
     }
     if (!todo) {

@@ -333,6 +333,14 @@ typedef struct lio_plan {
      * calling thread alone: for a plan nothing else reads beside, the
      * index build. */
     int spread;
+    /* Optional, set by the plan's maker: an executor that can calls
+     * done(done_ctx, i) in the thread that performed read i, once its
+     * bytes are in place, so that work on them runs while that core's
+     * cache holds them, on every core.  Calls for different reads may run
+     * concurrently.  An executor may also never call it: the maker
+     * finishes the reads it was not called for once run returns. */
+    void (*done)(void *done_ctx, size_t read);
+    void *done_ctx;
 } lio_plan;
 
 void lio_plan_init(lio_plan *plan, size_t max_gap, size_t max_read);

@@ -669,3 +669,70 @@ def test_a_build_in_rounds_of_any_size_is_the_same_index(db, round_pages):
     for a, b in zip(want, got):
         if a is not None:
             assert np.array_equal(a, b)
+
+
+def build_both_ways(path, name, round_bytes):
+    """The index built by the pool's threads, each counting and mapping
+    the leaves it copied (the plan's done hook), and by an executor that
+    never calls the hook (the core counts every read after it): both as
+    (leaves, first, map), or the error each build raised."""
+    data = os.path.join(path, "data.mdb")
+    ex = _PreadExecutor(data)
+    got = []
+    for f in (BulkFile(data, threads=4), BulkFile(data, executor=ex)):
+        try:
+            assert f.snapshot(0)
+            f.select(name)
+            try:
+                f.build_index(round_bytes)
+            except lmdbio.Error as e:
+                got.append((type(e), str(e)))
+            else:
+                got.append((*f.index_arrays(), f.index_recmap()))
+        finally:
+            f.close()
+    ex.close()
+    return got
+
+
+def same_index(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert np.array_equal(x, y)
+        else:
+            assert x == y
+
+
+@settings(max_examples=60, deadline=None)
+@given(db=databases(), round_pages=st.sampled_from([0, 2, 7, 64]))
+def test_the_threads_count_the_leaves_as_the_core_does(db, round_pages):
+    """Leaves counted and mapped by the threads that read them, in any
+    order and concurrently, make the index a count after the reads makes:
+    plain trees with their record map, DUPSORT ones counting duplicates."""
+    ops, name, spec = db
+    with tempfile.TemporaryDirectory() as tmp:
+        write_env(tmp, {name: (spec, ops)}, txn_size=60)
+        pooled, serial = build_both_ways(tmp, name, round_pages * PAGE)
+    same_index(pooled, serial)
+
+
+@pytest.mark.parametrize("round_pages", [0, 16])
+def test_the_first_damaged_leaf_in_page_order_fails_the_build(
+        tmp_path, round_pages):
+    """Two leaves with damaged headers, far apart: the pool's threads and
+    a count after the reads fail the build with one error, naming the
+    damaged leaf a count in page order meets first."""
+    path = str(tmp_path)
+    items = scattered(path, n=3000)
+    lf = LmdbFile(path)
+    leaves = sorted(p.pgno for p in lf.leaves())
+    damaged = [leaves[len(leaves) // 2], leaves[-3]]
+    with open(lf.path, "r+b") as fh:
+        for pg in damaged:          # the header's page number
+            fh.seek(pg * lf.psize)
+            fh.write((pg + 1).to_bytes(8, "little"))
+    pooled, serial = build_both_ways(path, None, round_pages * PAGE)
+    assert pooled == serial
+    assert pooled[0] is lmdbio.CorruptedError
+    assert "page %d " % damaged[0] in pooled[1]
