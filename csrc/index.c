@@ -665,7 +665,8 @@ static int count_leaves(lio_env *env, const lio_meta *snap,
      * into one per run of leaves, at most 1 MiB a request (a few branch
      * pages in between are read over too).  200k leaves hot: 2 us a
      * request against about 0.3 us to copy a page.  Cached runs are
-     * copied by the executor's threads together (plan.spread). */
+     * copied by the executor's threads together (plan.spread), each
+     * counting what it copied (read_leaf_round). */
     lio_plan_init(&plan, (db->flags & LIO_DUPSORT) ? 0 : 4 * (size_t)env->psize,
                   COUNT_READ_MAX);
     plan.spread = 1;
