@@ -356,14 +356,16 @@ typedef struct {
     const uint8_t *buf;
     size_t sz;               /* bytes of each page in buf */
     const pg_pos *order;     /* the round's pages, in page order */
-    size_t *read_first;      /* read r: pages [read_first[r], read_first[r+1]) */
+    size_t *read_first;      /* read r holds pages read_first[r] to
+                              * read_first[r + 1] - 1 */
     uint8_t *handled;        /* read r was handled (by the hook, or after) */
-    size_t *failed_at;       /* read r: 1 + the round's page that failed, or 0 */
+    size_t *failed_at;       /* read r: 1 + its page that failed, or 0 */
     uint32_t psize;
     int dupsort;
     uint64_t *counts;
     map_acc *acc;            /* NULL: no record map */
-    size_t ent_used;         /* map entries handed out past acc->len (atomic) */
+    size_t ent_used;         /* map entries given out past acc->len
+                              * (atomic) */
 } counting_round;
 
 static void leaf_read_done(void *ctx, size_t r)
@@ -401,9 +403,9 @@ static void leaf_read_done(void *ctx, size_t r)
  * threads where it calls the plan's hook, here for the reads it did not.
  * The round's first damaged leaf in page order fails it, with the error a
  * count in page order meets. */
-static int read_leaf_round(counting_round *lr, const pg_pos *order, uint64_t cn,
-                           const lio_executor *ex, lio_plan *plan,
-                           lio_error *err)
+static int read_leaf_round(counting_round *lr, const pg_pos *order,
+                           uint64_t cn, const lio_executor *ex,
+                           lio_plan *plan, lio_error *err)
 {
     size_t nr = plan->nreads;
     int rc;
@@ -491,9 +493,15 @@ static int scan_level(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         goto out;
     }
     if (leaf_level) {
-        lr = (counting_round){buf, sz, NULL, malloc((chunk + 1) * sizeof(size_t)),
-                          malloc(chunk), malloc(chunk * sizeof(size_t)),
-                          env->psize, dupsort, counts, acc, 0};
+        lr.buf = buf;
+        lr.sz = sz;
+        lr.read_first = malloc((chunk + 1) * sizeof *lr.read_first);
+        lr.handled = malloc(chunk);
+        lr.failed_at = malloc(chunk * sizeof *lr.failed_at);
+        lr.psize = env->psize;
+        lr.dupsort = dupsort;
+        lr.counts = counts;
+        lr.acc = acc;
         if (!lr.read_first || !lr.handled || !lr.failed_at) {
             rc = lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
             goto out;
