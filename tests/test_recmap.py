@@ -724,7 +724,7 @@ def test_the_first_damaged_leaf_in_page_order_fails_the_build(
     a count after the reads fail the build with one error, naming the
     damaged leaf a count in page order meets first."""
     path = str(tmp_path)
-    items = scattered(path, n=3000)
+    scattered(path, n=3000)
     lf = LmdbFile(path)
     leaves = sorted(p.pgno for p in lf.leaves())
     damaged = [leaves[len(leaves) // 2], leaves[-3]]
