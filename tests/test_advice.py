@@ -205,3 +205,63 @@ def test_cached_and_evicted_files_get_the_same_windows_and_batches(
         return   # (this filesystem refuses O_DIRECT)
     with r:
         assert r._file.file_cached() is None   # (O_DIRECT: not its cache)
+
+
+def _drop_pages(path, offsets):
+    """Read the file into the OS cache in single pages, then drop one page
+    at each offset; False where the cache keeps one of them.  (Read-ahead
+    and writes cache a file in large folios, which DONTNEED drops only
+    whole; reads advised RANDOM cache it page by page.)"""
+    _evict(path)
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        at = 0
+        while os.pread(fd, 1 << 20, at):
+            at += 1 << 20
+        for off in offsets:
+            os.posix_fadvise(fd, off, 4096, os.POSIX_FADV_DONTNEED)
+        return all(cached_pages(fd, off, 4096) == 0 for off in offsets)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+@pytest.mark.parametrize("where,advised", [(160 << 10, False),
+                                           (0, True)])
+def test_regions_are_checked_by_sampling_their_pages(env_path, tmp_path,
+                                                     where, advised):
+    """Where the kernel counts cached pages (cachestat), a region's check
+    counts a few ranges spread over it, its first page among them (a whole
+    1 MiB count costs the kernel a walk of every page).  With one page of
+    every region gone from the OS cache, between the samples the region
+    passes for cached and the window reads the page itself; at its start
+    the region is advised.  The batches are the same either way."""
+    cache = str(tmp_path / "ic")
+    hot, _, _ = _epoch(path := env_path, cache)
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if cached_pages(fd, 0, size) is None:
+            pytest.skip("no cachestat(2) here (Linux < 6.5): regions are "
+                        "probed page by page")
+    finally:
+        os.close(fd)
+    dropped = [r + where for r in range(0, size - (1 << 20), 1 << 20)]
+    if not _drop_pages(path, dropped):
+        pytest.skip("the OS cache kept a page DONTNEED named")
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        cached = cached_pages(fd, 0, size)
+    finally:
+        os.close(fd)
+    if cached * 4096 != size - 4096 * len(dropped):
+        pytest.skip("the OS cache did not keep the rest of the file")
+    got, given, _ = _epoch(path, cache)
+    assert (given > 0) == advised, given
+    assert len(got) == len(hot)
+    for (ia, va, oa), (ib, vb, ob) in zip(got, hot):
+        assert np.array_equal(ia, ib)
+        assert va == vb
+        assert np.array_equal(oa, ob)
