@@ -54,21 +54,6 @@ _WINDOW_BYTES = 4 << 20
 _ORDERED_WINDOW_BYTES = 2 << 20
 
 
-def _build_round(f):
-    """Bytes of leaves an index build reads a round (0: the core's 8 MiB).
-    Over a file the OS cache holds, 1 MiB a core (the executor's threads
-    copy a 1 MiB request each) and 2-8 MiB in all, so that a round stays
-    in the CPU caches until it is counted: small's whole index, hot, in
-    rounds of 2 MiB on 2 cores took 96-115 ms against 114-148 ms in 8 MiB
-    ones (five interleaved builds in-process; 1 MiB rounds, one thread
-    copying, 110-130 ms).  From the device, more
-    requests in flight win (cold, medians of four: 8 MiB 470 ms, 2 MiB
-    520 ms)."""
-    if not f.file_cached():
-        return 0
-    return min(8 << 20, max(2, os.cpu_count() or 1) << 20)
-
-
 def _window_budget(prefetch_bytes, shuffle, lanes=2):
     """What a window may hold: a share of prefetch_bytes (one window being
     read per lane, one consumed, one waiting), at most a few MiB."""
@@ -951,7 +936,7 @@ class Reader:
             self._unsaved_index = save
             self._save_if_whole()
             return
-        self._file.build_index(_build_round(self._file))
+        self._file.build_index()
         save(*self._file.index_views())
 
     def _save_if_whole(self):
@@ -1059,7 +1044,7 @@ class Reader:
             lo, end = f.index_range
             if lo <= least and most < end:
                 return
-            f.build_index(_build_round(f))
+            f.build_index()
             self._leaves_tried = False   # (a new index holds none)
             index = f.index_arrays() + (f.index_recmap(),)
         index_cache, data = self._index_cache
