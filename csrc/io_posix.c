@@ -979,28 +979,6 @@ static int region_cached(lio_pool *pool, uint64_t off, uint64_t *len)
     return 1;
 }
 
-/* Whether the OS cache holds the whole file, as FILE_SAMPLES of its pages
- * spread over it say (each looked up as region_cached does): 1 all of
- * them, 0 one or more not, -1 cannot tell (O_DIRECT, the fault hook, a
- * forked child, no probe).  A sample, not a count: counting every page
- * of a large file would cost the kernel a walk of all of them. */
-#define FILE_SAMPLES 16
-int lio_pool_file_cached(lio_pool *pool)
-{
-    struct stat st;
-    uint64_t pages;
-    if (pool->p->align > 1 || fstat(pool->p->fd, &st) < 0 || st.st_size <= 0)
-        return -1;
-    pages = ((uint64_t)st.st_size + 4095) / 4096;
-    for (unsigned i = 0; i < FILE_SAMPLES; i++) {
-        uint64_t len = 4096;
-        int got = region_cached(pool, pages * i / FILE_SAMPLES * 4096, &len);
-        if (got != 1)
-            return got;
-    }
-    return 1;
-}
-
 /* A region asked for (WILLNEED) of a file with no device of its own,
  * read for real, its requests (LIO_NET_READ each) in flight on the pool's
  * threads.  Such filesystems may drop the advice: FUSE drops read-ahead

@@ -796,9 +796,6 @@ void lio_pool_get_executor(lio_pool *pool, lio_executor *ex);
 void lio_pool_stats(const lio_pool *pool, uint64_t *requests, uint64_t *bytes);
 void lio_pool_advice(const lio_pool *pool, uint64_t *given, uint64_t *skipped);
 uint64_t lio_pool_gaps_skipped(const lio_pool *pool);
-/* Whether the OS cache holds the pool's file, from a sample of its pages:
- * 1 yes, 0 no, -1 cannot tell (O_DIRECT, the fault hook, no probe). */
-int lio_pool_file_cached(lio_pool *pool);
 void lio_pool_close(lio_pool *pool);
 /* A lane of a pool: an executor that performs the reads the page cache
  * holds in the calling thread through its own open file description of

@@ -1090,14 +1090,6 @@ cdef class BulkFile:
             lio_pool_advice(self.pool, &given, &skipped)
         return given, skipped
 
-    def file_cached(self):
-        """Whether the OS cache holds this file, from a sample of its
-        pages: True, False, or None when it cannot tell (O_DIRECT, the
-        fault hook, no way to probe)."""
-        cdef int got = lio_pool_file_cached(self.pool) if self.pool != NULL \
-            else -1
-        return None if got < 0 else got == 1
-
     def gaps_skipped(self):
         """Planned gaps that reads from the page cache skipped instead of
         copying them into the plan's sink, so far."""

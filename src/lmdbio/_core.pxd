@@ -223,7 +223,6 @@ cdef extern from "lmdbio.h" nogil:
     void lio_pool_advice(const lio_pool *pool, uint64_t *given,
                          uint64_t *skipped)
     uint64_t lio_pool_gaps_skipped(const lio_pool *pool)
-    int lio_pool_file_cached(lio_pool *pool)
     void lio_pool_close(lio_pool *pool)
     ctypedef struct lio_pool_lane:
         pass
