@@ -169,9 +169,9 @@ def test_advice_for_records_not_counted_names_the_leaves_counted_would(
 
 def test_cached_and_evicted_files_get_the_same_windows_and_batches(
         env_path, tmp_path):
-    """An epoch in key order gets 2 MiB windows whether the OS cache holds the file or not (at most a
-    quarter of prefetch_bytes; shuffled epochs 4 MiB), and the batches are
-    the same either way."""
+    """An epoch in key order gets 2 MiB windows whether the OS cache holds
+    the file or not (at most a quarter of prefetch_bytes; shuffled epochs
+    4 MiB), and the batches are the same either way."""
     from lmdbio import reader as reader_mod
     budget = reader_mod._window_budget(64 << 20, False, 2)
     assert budget == reader_mod._ORDERED_WINDOW_BYTES == 2 << 20

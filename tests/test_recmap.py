@@ -653,8 +653,9 @@ def test_open_reads_only_the_index_part_of_the_cache(tmp_path):
 @given(db=databases(), round_pages=st.sampled_from([1, 2, 3, 7, 64, 513]))
 def test_a_build_in_rounds_of_any_size_is_the_same_index(db, round_pages):
     """build_index(round_bytes) (rounds of any size; a Reader builds in
-    the default 8 MiB) makes the index, record map and all, that the default rounds make:
-    rounds of one page, of a few, of an odd count, of more than the file."""
+    the default 8 MiB) makes the index, record map and all, that the
+    default rounds make: rounds of one page, of a few, of an odd count, of
+    more than the file."""
     ops, name, spec = db
     with tempfile.TemporaryDirectory() as tmp:
         write_env(tmp, {name: (spec, ops)}, txn_size=60)
