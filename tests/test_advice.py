@@ -229,8 +229,8 @@ def test_regions_are_checked_by_sampling_their_pages(env_path, tmp_path,
     every region gone from the OS cache, between the samples the region
     passes for cached and the window reads the page itself; at its start
     the region is advised.  The batches are the same either way."""
-    cache = str(tmp_path / "ic")
-    hot, _, _ = _epoch(path := env_path, cache)
+    path, cache = env_path, str(tmp_path / "ic")
+    hot, _, _ = _epoch(path, cache)
     fd = os.open(_data(path), os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
