@@ -141,6 +141,20 @@ struct lio_slab {            /* cache entries allocated together */
     lio_page pages[];
 };
 
+/* A worker thread reading value runs into the caller's memory (ahead.c,
+ * for lio_cursor_values_ahead): post a batch, take each run in order,
+ * or drop the rest. */
+typedef struct lio_ahead lio_ahead;
+lio_ahead *lio_ahead_new(lio_env *env);
+/* 0, or -1 when no thread can start (or n is out of range). */
+int lio_ahead_post(lio_ahead *a, const lio_value_run *runs, size_t n,
+                   void *const *dsts);
+/* Run i read into its dst: its header, or NULL when its read failed. */
+const uint8_t *lio_ahead_take(lio_ahead *a, size_t i, lio_error *err);
+const lio_value_run *lio_ahead_run(const lio_ahead *a, size_t i);
+void lio_ahead_drop(lio_ahead *a);
+void lio_ahead_free(lio_ahead *a);
+
 /* The leaf directory of one tree (leafdir.c), keyed by snapshot and root:
  * lookups counted until one is built, then shared by every cursor on it. */
 typedef struct lio_leafdir lio_leafdir;
@@ -184,8 +198,9 @@ struct lio_env {
     uint8_t *around_sink;     /* where their unwanted pages are read */
     uint64_t around_bits;
     uint64_t sweep;           /* the next block lookups may ask the OS for
-                               * (pager.c's sweep_ahead; UINT64_MAX: none) */
-    int sweep_sized;          /* sweep_ahead compared the data with memory */
+                               * (pager.c's sweep_ahead) */
+    int fits_memory;          /* lio_env_fits_memory: 1 yes, -1 no, 0 not
+                               * asked yet */
     uint64_t *ghost;          /* pgnos of lookup leaves recycled at once
                                * (pager.c; ghost_size slots, hashed) */
     size_t ghost_size;
@@ -255,6 +270,9 @@ uint64_t lio_os_window_pages(const lio_env *env);
  * yet (the lead of a walk in file order). */
 void lio_page_advise_ahead(lio_env *env, const lio_meta *snap, uint64_t at,
                            uint64_t pages);
+/* Whether the data file fits in half the memory, so that the OS keeps
+ * blocks read ahead of their use (the file's size at snap; asked once). */
+int lio_env_fits_memory(lio_env *env, const lio_meta *snap);
 
 /* Read len bytes at file offset off into a buffer that the caller frees
  * with free(); *data points at the first wanted byte.  Fails (without

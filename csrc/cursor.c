@@ -10,7 +10,8 @@
  * Layer 5 of the core (after errors, page format, page cache and env).
  * May call: errors.c (lio_fail), format.c (checks, key order, records),
  * pager.c (pages, read-ahead and its device hint, lio_read_into and
- * lio_read_segs for overflow values), leafdir.c (lio_get's leaf). */
+ * lio_read_segs for overflow values), leafdir.c (lio_get's leaf), ahead.c
+ * (values read ahead by a worker). */
 #include <stdlib.h>
 
 #include "core.h"
@@ -74,6 +75,7 @@ struct lio_cursor {
     uint8_t *nodebuf;            /* the last record lio_get read alone */
     size_t nodecap;
     uint64_t record_gets;        /* lio_cursor_gets_by_record */
+    lio_ahead *worker;           /* reads values ahead, once a walk wanted it */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -524,8 +526,13 @@ static lio_page *one_page_value(tcursor *c, uint64_t pgno)
  * by the OS when the runs are not in file order.  So the runs of the
  * values the walk meets next in this leaf, up to RUNS_AHEAD_BYTES, are
  * advised to the storage (WILLNEED: the OS reads them in the background,
- * several at once), each once. */
+ * several at once), each once.  Runs out of file order (keys inserted in
+ * random order) are asked for with the block around them, as a leaf is
+ * (lio_page_advise_around), where the OS can keep what it reads: each
+ * block holds values the walk reads later, as a mapping's page fault reads
+ * around itself (cold, 50k values of 3 KB in random order: ... ). */
 #define RUNS_AHEAD_BYTES (4u << 20)
+#define RUNS_LISTED 256
 static void advise_runs(tcursor *c)
 {
     lio_cursor *cur = c->cur;
@@ -533,7 +540,9 @@ static void advise_runs(tcursor *c)
     const uint8_t *p = top_page(c);
     unsigned n = pg_numkeys(p), i = c->ki[c->top];
     uint64_t leaf = c->pgno[c->top], bytes = 0, reach, end;
-    int dir = cur->walk;
+    uint64_t listed[RUNS_LISTED];
+    size_t m = 0;
+    int dir = cur->walk, blocks;
     lio_executor ex;
     if (!dir || c->subpage || env->readahead_pages < 2 ||
         !lio_env_from_device(env))
@@ -551,6 +560,7 @@ static void advise_runs(tcursor *c)
      * file order: the OS's window follows them. */
     reach = dir > 0 && i < n && lio_os_window_pages(env) ? BATCH_GAP_PAGES
                                                          : 0;
+    blocks = lio_env_fits_memory(env, &cur->snap);
     end = leaf + 1;
     if (reach) {
         const uint8_t *here = pg_node(p, i);
@@ -577,10 +587,20 @@ static void advise_runs(tcursor *c)
         if ((dir > 0 ? j <= cur->adv_ki : j >= cur->adv_ki) || first < 2 ||
             first > cur->snap.last_pg || np > cur->snap.last_pg - first + 1)
             continue;
-        ex.advise(ex.ctx, first * env->psize, np * env->psize,
-                  LIO_ADVISE_WILLNEED);
+        if (blocks && np <= BATCH_GAP_PAGES) {
+            listed[m++] = first;
+            if (m == RUNS_LISTED) {
+                lio_page_advise_around(env, &cur->snap, leaf, listed, m);
+                m = 0;
+            }
+        } else {
+            ex.advise(ex.ctx, first * env->psize, np * env->psize,
+                      LIO_ADVISE_WILLNEED);
+        }
         cur->adv_ki = j;
     }
+    if (m)
+        lio_page_advise_around(env, &cur->snap, leaf, listed, m);
     cur->adv_leaf = leaf;
     cur->adv_dir = dir;
 }
@@ -1524,10 +1544,37 @@ uint64_t lio_cursor_pending(const lio_cursor *cur, uint32_t *size)
 }
 
 
+/* The leaf a forward walk's pending value was left in, and the node it
+ * belongs to (*i of *n): 0, or -1 when a batch of values cannot follow it
+ * (no forward walk, a sub-page, another node). */
+static int pending_leaf(lio_cursor *cur, size_t max_value, const uint8_t **p,
+                        unsigned *i, unsigned *n)
+{
+    tcursor *c = &cur->mc;
+    if (cur->walk <= 0 || c->subpage || !c->snum ||
+        cur->pend_size > max_value)
+        return -1;
+    *p = top_page(c);
+    if (!(pg_flags(*p) & P_LEAF) || is_leaf2(*p))
+        return -1;
+    *n = pg_numkeys(*p);
+    *i = c->ki[c->top];
+    if (*i >= *n || !(nd_flags(pg_node(*p, *i)) & F_BIGDATA) ||
+        ld64(nd_data(pg_node(*p, *i))) != cur->pend_pgno)
+        return -1;
+    return 0;
+}
+
+/* Whether a node's run lies inside the snapshot. */
+static int run_inside(const lio_cursor *cur, uint64_t pgno, uint64_t need)
+{
+    return pgno >= 2 && pgno <= cur->snap.last_pg &&
+           need <= cur->snap.last_pg - pgno + 1;
+}
+
 size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
                               size_t max, size_t max_bytes)
 {
-    tcursor *c = &cur->mc;
     const uint8_t *p;
     uint64_t psize = cur->env->psize, end, first;
     unsigned n, i;
@@ -1538,20 +1585,10 @@ size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
     runs[m++].size = cur->pend_size;
     if (max > LIO_VALUES_MAX)
         max = LIO_VALUES_MAX;
-    if (cur->walk <= 0 || c->subpage || !c->snum ||
-        cur->pend_size > LIO_BATCH_VALUE_MAX)
+    if (pending_leaf(cur, LIO_BATCH_VALUE_MAX, &p, &i, &n))
         return m;
-    p = top_page(c);
-    if (!(pg_flags(p) & P_LEAF) || is_leaf2(p))
-        return m;
-    n = pg_numkeys(p);
-    i = c->ki[c->top];
     first = cur->pend_pgno;
     end = cur->pend_pgno + run_pages(cur, cur->pend_size);
-    /* The node the cursor is on must be the pending value's. */
-    if (i >= n || !(nd_flags(pg_node(p, i)) & F_BIGDATA) ||
-        ld64(nd_data(pg_node(p, i))) != cur->pend_pgno)
-        return m;
     while (m < max && ++i < n) {
         const uint8_t *nd = pg_node(p, i);
         uint64_t pgno, need;
@@ -1563,8 +1600,7 @@ size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
         need = run_pages(cur, size);
         /* in order, close behind, within the snapshot, and the span */
         if (!size || size > LIO_BATCH_VALUE_MAX || pgno < end ||
-            pgno - end > BATCH_GAP_PAGES || pgno > cur->snap.last_pg ||
-            need > cur->snap.last_pg - pgno + 1 ||
+            pgno - end > BATCH_GAP_PAGES || !run_inside(cur, pgno, need) ||
             (pgno + need - first) * psize > max_bytes)
             break;
         runs[m].pgno = pgno;
@@ -1572,6 +1608,65 @@ size_t lio_cursor_plan_values(lio_cursor *cur, lio_value_run *runs,
         end = pgno + need;
     }
     return m;
+}
+
+size_t lio_cursor_plan_ahead(lio_cursor *cur, lio_value_run *runs,
+                             size_t max, size_t max_bytes)
+{
+    const uint8_t *p;
+    unsigned n, i;
+    size_t m = 0;
+    uint64_t bytes;
+    if (!cur->pend_pgno || !max)
+        return 0;
+    runs[m].pgno = cur->pend_pgno;
+    runs[m++].size = cur->pend_size;
+    if (max > LIO_AHEAD_MAX + 1)
+        max = LIO_AHEAD_MAX + 1;
+    if (cur->env->align > 1 ||
+        pending_leaf(cur, LIO_BATCH_VALUE_MAX, &p, &i, &n))
+        return m;
+    bytes = cur->pend_size;
+    while (m < max && ++i < n) {
+        const uint8_t *nd = pg_node(p, i);
+        uint64_t pgno;
+        uint32_t size;
+        if (!(nd_flags(nd) & F_BIGDATA))
+            continue;
+        pgno = ld64(nd_data(nd));
+        size = nd_dsize(nd);
+        if (!size || size > LIO_BATCH_VALUE_MAX || bytes + size > max_bytes ||
+            !run_inside(cur, pgno, run_pages(cur, size)))
+            break;
+        runs[m].pgno = pgno;
+        runs[m++].size = size;
+        bytes += size;
+    }
+    return m;
+}
+
+int lio_cursor_values_ahead(lio_cursor *cur, const lio_value_run *runs,
+                            size_t n, void *const *dsts)
+{
+    if (!cur->worker && !(cur->worker = lio_ahead_new(cur->env)))
+        return -1;
+    return lio_ahead_post(cur->worker, runs, n, dsts);
+}
+
+int lio_cursor_value_ahead(lio_cursor *cur, size_t i)
+{
+    const uint8_t *hdr;
+    const lio_value_run *run;
+    lio_error err;
+    if (!cur->worker || !(run = lio_ahead_run(cur->worker, i)) ||
+        !(hdr = lio_ahead_take(cur->worker, i, &err)))
+        return -1;
+    return check_run(cur, hdr, run->pgno, run->size) ? -1 : 0;
+}
+
+void lio_cursor_values_ahead_drop(lio_cursor *cur)
+{
+    lio_ahead_drop(cur->worker);
 }
 
 int lio_cursor_values_into(lio_cursor *cur, const lio_value_run *runs,
@@ -1679,6 +1774,7 @@ void lio_cursor_close(lio_cursor *cur)
     release_levels(&cur->mx, 0);
     lio_page_unpin(cur->env, cur->ov_pin);
     lio_leafdir_release(cur->env, cur->dir);
+    lio_ahead_free(cur->worker);   /* (first: it may be reading) */
     free(cur->ovbuf);
     free(cur->gapbuf);
     free(cur->nodebuf);

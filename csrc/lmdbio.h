@@ -262,6 +262,34 @@ size_t lio_cursor_plan_values(lio_cursor *c, lio_value_run *runs, size_t max,
 int lio_cursor_values_into(lio_cursor *c, const lio_value_run *runs,
                            size_t n, void *const *dsts, size_t *good);
 
+/* Values read ahead on a thread of the cursor's own (ahead.c), for a
+ * forward walk whose values lie in overflow runs out of file order: one
+ * request each, which both cores then make.  At most LIO_AHEAD_MAX runs a
+ * batch. */
+#define LIO_AHEAD_MAX 255
+/* The value left unread, then those of the next nodes of its leaf in
+ * overflow runs wherever they lie, up to `max` values whose sizes add up
+ * to at most max_bytes, each at most LIO_BATCH_VALUE_MAX: as
+ * lio_cursor_plan_values, in walk order.  0 or 1 where a batch would not
+ * pay: no forward walk, or reads under O_DIRECT (aligned memory only). */
+size_t lio_cursor_plan_ahead(lio_cursor *c, lio_value_run *runs, size_t max,
+                             size_t max_bytes);
+/* Hand runs[0..n) (n <= LIO_AHEAD_MAX) to the cursor's worker, which reads
+ * them into dsts[i] from the last back.  The dsts must stay valid until
+ * each is taken, the batch dropped or the cursor closed.  0, or -1 when
+ * no worker can run (no memory or no thread: read the values alone). */
+int lio_cursor_values_ahead(lio_cursor *c, const lio_value_run *runs,
+                            size_t n, void *const *dsts);
+/* Value i of the batch: read by the worker (waiting for it if it is being
+ * read), or here if the worker has not begun it.  0 when it is in its dst
+ * and its run's header passed the checks; else -1, and the value must be
+ * read alone (lio_cursor_value_into, which reports what is wrong).  No
+ * write to dsts[i] follows. */
+int lio_cursor_value_ahead(lio_cursor *c, size_t i);
+/* Forget the batch: the runs not taken are not read; returns once the
+ * worker writes to none of the dsts any more. */
+void lio_cursor_values_ahead_drop(lio_cursor *c);
+
 /* Number of duplicates of the current key (1 without DUPSORT). */
 int lio_cursor_count(lio_cursor *c, uint64_t *count);
 const lio_error *lio_cursor_error(const lio_cursor *c);

@@ -928,20 +928,26 @@ void lio_page_advise_ahead(lio_env *env, const lio_meta *snap, uint64_t at,
  * larger than half the memory: the OS could not keep what was read. */
 #define SWEEP_BLOCKS 4
 
+int lio_env_fits_memory(lio_env *env, const lio_meta *snap)
+{
+    int fits = __atomic_load_n(&env->fits_memory, __ATOMIC_RELAXED);
+    if (!fits) {
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        fits = pages > 0 && size > 0 && (snap->last_pg + 1) * env->psize >
+                                        (uint64_t)pages * (uint64_t)size / 2
+               ? -1 : 1;
+        __atomic_store_n(&env->fits_memory, fits, __ATOMIC_RELAXED);
+    }
+    return fits > 0;
+}
+
 static void sweep_ahead(lio_env *env, const lio_meta *snap)
 {
     lio_executor ex;
     uint64_t end = snap->last_pg / around_pages(env) + 1;
     size_t given = 0;
-    if (!begin_advice(env, snap, &ex))
+    if (!lio_env_fits_memory(env, snap) || !begin_advice(env, snap, &ex))
         return;
-    if (!env->sweep_sized) {
-        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-        env->sweep_sized = 1;
-        if (pages > 0 && size > 0 && (snap->last_pg + 1) * env->psize >
-                                     (uint64_t)pages * (uint64_t)size / 2)
-            env->sweep = UINT64_MAX;   /* never */
-    }
     while (given < SWEEP_BLOCKS && env->sweep < end) {
         uint64_t b = env->sweep++;
         if (!around_done(env, b)) {

@@ -138,6 +138,13 @@ cdef extern from "lmdbio.h" nogil:
                                   size_t max, size_t max_bytes)
     int lio_cursor_values_into(lio_cursor *c, const lio_value_run *runs,
                                size_t n, void *const *dsts, size_t *good)
+    enum: LIO_AHEAD_MAX
+    size_t lio_cursor_plan_ahead(lio_cursor *c, lio_value_run *runs,
+                                 size_t max, size_t max_bytes)
+    int lio_cursor_values_ahead(lio_cursor *c, const lio_value_run *runs,
+                                size_t n, void *const *dsts)
+    int lio_cursor_value_ahead(lio_cursor *c, size_t i)
+    void lio_cursor_values_ahead_drop(lio_cursor *c)
 
     ctypedef struct lio_posix:
         pass

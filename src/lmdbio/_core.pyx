@@ -238,6 +238,7 @@ cdef enum:
     _KEEP_BIG = 128 << 10    # (glibc's mmap threshold: smaller ones come
                              # and go in its heap without faults)
     _AHEAD_BYTES = 1 << 20   # most file bytes a walk's batch of values spans
+    _WORKER_BYTES = 4 << 20  # most value bytes of a batch for the worker
 
 
 @cython.final
@@ -1875,9 +1876,15 @@ cdef class Cursor:
     cdef _Values _values       # objects of the overflow values
     # A forward walk's values read in one request with the one asked for
     # (lio_cursor_plan_values): their runs, and their objects until taken.
-    cdef lio_value_run _runs[LIO_VALUES_MAX]
+    # Or, where the runs lie out of file order, read by the cursor's worker
+    # (lio_cursor_values_ahead) while this thread reads from the first on:
+    # _worker is then set, and the objects not yet taken may still be
+    # written to, so they are kept in _ahead until taken or dropped.
+    cdef lio_value_run _runs[LIO_AHEAD_MAX + 1]
     cdef list _ahead
     cdef Py_ssize_t _ahead_i, _ahead_n
+    cdef bint _worker          # _ahead[1:] are the worker's batch
+    cdef bint _worker_ok       # this cursor may use a worker
     cdef object _kref          # inputs the core may still point at
     cdef object _vref
     cdef object __weakref__
@@ -1913,6 +1920,9 @@ cdef class Cursor:
         self.db = <_Database>db
         self._buffers = t._buffers
         self._fast = t.env._fastpath
+        # (a source read through Python, MPI-IO, stays on this thread)
+        self._worker_ok = self._fast and t.env._readahead and \
+            t.env._mpisrc is None
         self._dbflags = (<_Database>db).dbflags
         if t._cursors is None:
             t._cursors = []
@@ -1923,9 +1933,10 @@ cdef class Cursor:
 
     cdef void _close(self) noexcept:
         if self._c != NULL:
-            lio_cursor_close(self._c)
+            lio_cursor_close(self._c)   # (stops the worker: before _ahead)
             self._c = NULL
             self.txn.env._cursor_closed()
+        self._worker = False
         self.positioned = False
         self._key.size = 0
         self._val.size = 0
@@ -2024,14 +2035,31 @@ cdef class Cursor:
         own bytes object, once per position; _val then points into it.
         A forward walk reads the values of the next nodes in the same
         request when their runs follow in the file (small values: one
-        request per batch, not one per value); they wait in _ahead."""
+        request per batch, not one per value), or has the cursor's worker
+        read them alongside when they do not; they wait in _ahead."""
         cdef uint32_t size
         cdef uint64_t pgno = lio_cursor_pending(self._c, &size)
         cdef Py_ssize_t i = self._ahead_i
         cdef size_t n, good = 0
-        cdef void *dsts[LIO_VALUES_MAX]
+        cdef void *dsts[LIO_AHEAD_MAX + 1]
         cdef int rc
         cdef list objs
+        if self._worker:
+            if i < self._ahead_n and self._runs[i].pgno == pgno and \
+                    self._runs[i].size == size:
+                with nogil:
+                    rc = lio_cursor_value_ahead(self._c, <size_t>(i - 1))
+                if rc == 0:
+                    o = self._ahead[i]
+                    self._ahead[i] = None
+                    self._ahead_i = i + 1
+                    return self._took(o)
+            # elsewhere, or its read failed (read again alone below,
+            # which raises if the run is damaged): no more writes first
+            with nogil:
+                lio_cursor_values_ahead_drop(self._c)
+            self._worker = False
+            i = self._ahead_n
         while i < self._ahead_n:
             o = self._ahead[i]
             self._ahead[i] = None
@@ -2066,6 +2094,21 @@ cdef class Cursor:
                 return self._took(o)
             # a damaged run or a failed read: the value asked for alone,
             # which raises if it is the broken one
+        elif n == 1 and self._worker_ok:
+            n = lio_cursor_plan_ahead(self._c, self._runs, LIO_AHEAD_MAX + 1,
+                                      _WORKER_BYTES)
+            if n > 2:
+                objs = [None] * n
+                for i in range(1, <Py_ssize_t>n):
+                    o = self._values.new(self._runs[i].size)
+                    objs[i] = o
+                    dsts[i] = PyBytes_AS_STRING(o)
+                if lio_cursor_values_ahead(self._c, self._runs + 1, n - 1,
+                                           dsts + 1) == 0:
+                    self._ahead = objs
+                    self._ahead_i = 1
+                    self._ahead_n = <Py_ssize_t>n
+                    self._worker = True
         return self._took(_value_into(self._c, self._val.size, self._values,
                                       self.txn, 'mdb_cursor_get'))
 

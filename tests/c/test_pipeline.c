@@ -33,6 +33,10 @@
  *   device       slow reads of a source the OS does not count as blocks
  *                read in (NFS, FUSE) make lookups read around; of one it
  *                counts, without the count moving, they do not
+ *   values       a cursor's worker (csrc/ahead.c) reads the runs of the
+ *                next values of a walk while the walk takes them: every
+ *                value, batches dropped midway, the cursor closed
+ *                mid-batch
  *
  *   make -C tests/c test      (or: tests/c/test_pipeline [name ...]; a
  *                             name "whole/shuf" runs the cases of whole
@@ -1369,6 +1373,190 @@ static int t_blocks(lfile *f)
     return 0;
 }
 
+/* ---- values: a cursor's worker reads value runs ahead ------------------- */
+
+/* One forward walk of every record through a cursor that defers values, as
+ * the drop-in Cursor does: a pending value starts a batch (the runs of the
+ * leaf's next values, lio_cursor_plan_ahead) that the worker reads from the
+ * last back while this thread reads the first; the next values are taken
+ * from it.  mode 0 takes every value; mode 1 drops every third batch after
+ * two values; mode 2 closes the cursor mid-batch after 1000 records.
+ * Every value is compared byte by byte. */
+static void free_bufs(uint8_t **bufs, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        free(bufs[j]);
+        bufs[j] = NULL;
+    }
+}
+
+#define VREC 3000u
+static size_t vsize_big(uint32_t i) { return 2100 + (i * 37u) % 6000; }
+
+static int walk_values(lfile *f, lio_env *env, const lio_meta *snap,
+                       int mode)
+{
+    static lio_value_run runs[LIO_AHEAD_MAX + 1];
+    static uint8_t *bufs[LIO_AHEAD_MAX + 1];
+    lio_cursor *cur;
+    lio_error err;
+    lio_val k, v;
+    size_t at = 0, n = 0, nbufs = 0;
+    uint32_t seen = 0;
+    int rc, batches = 0;
+    set_case("%s/values/mode%d", f->label, mode);
+    LIO_OK(lio_cursor_open(&cur, env, snap, &snap->main_db, &err), &err);
+    lio_cursor_defer_values(cur, 1);
+    rc = lio_cursor_get(cur, &k, &v, LIO_FIRST);
+    while (rc == LIO_SUCCESS) {
+        char kb[16] = "";
+        const uint8_t *got = v.data;
+        uint32_t rec;
+        if (k.size == KEYLEN)
+            memcpy(kb, k.data, KEYLEN);
+        rec = (uint32_t)strtoul(kb, NULL, 10);
+        if (!got && v.size) {
+            uint32_t size;
+            uint64_t pgno = lio_cursor_pending(cur, &size);
+            if (at < n && runs[at].pgno == pgno && runs[at].size == size) {
+                if (lio_cursor_value_ahead(cur, at - 1)) {
+                    fail("record %u: the worker's value failed: %s", rec,
+                         lio_cursor_error(cur)->msg);
+                    break;
+                }
+                got = bufs[at++];
+            } else {
+                size_t m;
+                if (n)
+                    lio_cursor_values_ahead_drop(cur);
+                free_bufs(bufs, nbufs);
+                n = at = 0;
+                m = lio_cursor_plan_ahead(cur, runs, LIO_AHEAD_MAX + 1,
+                                          4 * MIB);
+                nbufs = m ? m : 1;
+                for (size_t j = 0; j < nbufs; j++)
+                    if (!(bufs[j] = malloc(j ? runs[j].size : size))) {
+                        fail("out of memory");
+                        return -1;
+                    }
+                if (m > 2 && !lio_cursor_values_ahead(
+                                 cur, runs + 1, m - 1,
+                                 (void *const *)(bufs + 1))) {
+                    n = m;
+                    at = 1;
+                    batches++;
+                }
+                if (lio_cursor_value_into(cur, bufs[0])) {
+                    fail("record %u: %s", rec, lio_cursor_error(cur)->msg);
+                    break;
+                }
+                got = bufs[0];
+            }
+        }
+        if (rec >= VREC || v.size != vsize_big(rec) || !got) {
+            fail("record %u (the %uth): a value of %zu bytes", rec, seen,
+                 v.size);
+            break;
+        }
+        for (size_t j = 0; j < v.size; j++)
+            if (got[j] != vbyte(rec, j)) {
+                fail("record %u: byte %zu differs", rec, j);
+                goto end;
+            }
+        seen++;
+        if (mode == 1 && n && at == 3 && batches % 3 == 0) {
+            lio_cursor_values_ahead_drop(cur);
+            n = at = 0;
+        }
+        if (mode == 2 && seen >= 1000 && at < n)
+            break;
+        rc = lio_cursor_get(cur, &k, &v, LIO_NEXT);
+    }
+end:
+    if (mode != 2 && (rc != LIO_NOTFOUND || seen != VREC))
+        fail("the walk ended after %u records: %d %s", seen, rc,
+             lio_cursor_error(cur)->msg);
+    if (mode == 2 && at >= n)
+        fail("no batch was half read after 1000 records");
+    lio_cursor_close(cur);     /* (mode 2: the worker mid-batch) */
+    free_bufs(bufs, nbufs);
+    if (!batches)
+        fail("no batch went to the worker");
+    return 0;
+}
+
+/* VREC records of 2100..8099-byte values (one or two overflow pages each,
+ * a dozen runs a leaf), in key order in "seq", in a random order in "rnd"
+ * (the runs of a leaf all over the file). */
+static int make_values_file(const char *path, int scattered)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    uint8_t *val = malloc(8192);
+    uint32_t order[VREC];
+    uint64_t s = 0x5eed0003;
+    if (!val)
+        return -1;
+    for (uint32_t i = 0; i < VREC; i++)
+        order[i] = i;
+    for (uint32_t i = VREC - 1; scattered && i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_next(&s) % (i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    MDB_OK(mdb_env_create(&env));
+    MDB_OK(mdb_env_set_mapsize(env, (size_t)256 << 20));
+    MDB_OK(mdb_env_open(env, path, MDB_NOSUBDIR, 0644));
+    MDB_OK(mdb_txn_begin(env, NULL, 0, &txn));
+    MDB_OK(mdb_dbi_open(txn, NULL, 0, &dbi));
+    for (uint32_t n = 0; n < VREC; n++) {
+        uint32_t i = order[n];
+        char kb[16];
+        MDB_val k, v;
+        key_of(i, kb);
+        k.mv_size = KEYLEN;
+        k.mv_data = kb;
+        v.mv_size = vsize_big(i);
+        for (size_t j = 0; j < v.mv_size; j++)
+            val[j] = vbyte(i, j);
+        v.mv_data = val;
+        MDB_OK(mdb_put(txn, dbi, &k, &v, scattered ? 0 : MDB_APPEND));
+    }
+    MDB_OK(mdb_txn_commit(txn));
+    mdb_env_close(env);
+    free(val);
+    return 0;
+}
+
+static int t_values(lfile *f)
+{
+    char path[300];
+    lio_posix *px = NULL;
+    lio_source src;
+    lio_env *env = NULL;
+    lio_meta snap;
+    lio_error err;
+    alarm(WATCHDOG_SECONDS);
+    set_case("%s/values/setup", f->label);
+    snprintf(path, sizeof path, "%s/values-%s.mdb", g_base, f->label);
+    if (make_values_file(path, f == &g_files[1])) {
+        fail("could not write %s", path);
+        return -1;
+    }
+    LIO_OK(lio_posix_open(&px, path, 0, &err), &err);
+    lio_posix_get_source(px, &src);
+    if (lio_env_open(&env, &src, (size_t)4 << 20, 0, &err) ||
+        lio_env_snapshot(env, 0, &snap, &err))
+        fail("%s: %s", path, err.msg);
+    else
+        for (int mode = 0; mode < 3; mode++)
+            walk_values(f, env, &snap, mode);
+    lio_env_close(env);
+    lio_posix_close(px);
+    return 0;
+}
+
 /* ---- driver ---------------------------------------------------------------------- */
 
 static const struct {
@@ -1383,6 +1571,7 @@ static const struct {
     {"device", t_device},
     {"device_later", t_device_later},
     {"blocks", t_blocks},
+    {"values", t_values},
 };
 #define NTESTS (sizeof tests / sizeof *tests)
 
@@ -1407,7 +1596,8 @@ int main(int argc, char **argv)
     }
     if (!any) {
         fprintf(stderr, "test_pipeline: no test named (tests: whole begun "
-                "stop stop_thread fork device device_later blocks)\n0/0 passed\n");
+                "stop stop_thread fork device device_later blocks values)\n0/0 "
+                "passed\n");
         return 0;
     }
     memset(&sa, 0, sizeof sa);
