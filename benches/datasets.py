@@ -12,19 +12,22 @@ or from Python::
 
 Datasets (``records`` default, ``quick`` size for fast runs):
 
-=========  =======  =====  ==================================================
-name       records  quick  content
-=========  =======  =====  ==================================================
-small      500000   50000  MNIST-like Datum 1x28x28 (797 B), appended
-cifar      50000    10000  CIFAR-like Datum 3x32x32 (3087 B, one overflow
-                           page each on 4 KiB pages), appended
-big        3000     300    ImageNet-like raw Datum 3xHx256, H in [200, 266]
-                           (150-200 KiB, overflow runs), appended
-shuffled   200000   20000  like ``small``, inserted in random key order
-                           (leaves scattered through the file)
-tiny       1000000  100000 feature-vector Datum 1x8x8 (~80 B, about 43 a
-                           leaf: no record map), appended
-=========  =======  =====  ==================================================
+==============  =======  =====  ===============================================
+name            records  quick  content
+==============  =======  =====  ===============================================
+small           500000   50000  MNIST-like Datum 1x28x28 (797 B), appended
+cifar           50000    10000  CIFAR-like Datum 3x32x32 (3087 B, one overflow
+                                page each on 4 KiB pages), appended
+big             3000     300    ImageNet-like raw Datum 3xHx256, H in
+                                [200, 266] (150-200 KiB, overflow runs),
+                                appended
+shuffled        200000   20000  like ``small``, inserted in random key order
+                                (leaves scattered through the file)
+shuffled-cifar  50000    10000  like ``cifar``, inserted in random key order
+                                (the values' overflow pages out of file order)
+tiny            1000000  100000 feature-vector Datum 1x8x8 (~80 B, about 43 a
+                                leaf: no record map), appended
+==============  =======  =====  ===============================================
 
 ``NAME-quick`` (e.g. ``small-quick``) selects the quick size.
 
@@ -172,6 +175,10 @@ DATASETS = {
                 doc="Datum 3xHx256, 150-200 KiB (overflow pages), appended"),
     "shuffled": dict(records=200_000, quick=20_000, kind="mnist", order="random",
                      doc="MNIST-like Datum (~800 B) inserted in random key order"),
+    "shuffled-cifar": dict(records=50_000, quick=10_000, kind="cifar",
+                           order="random",
+                           doc="CIFAR-like Datum (~3 KiB, one overflow page "
+                               "each) inserted in random key order"),
     "tiny": dict(records=1_000_000, quick=100_000, kind="features",
                  order="append",
                  doc="Datum 1x8x8 (~80 B, dozens a leaf), appended in key order"),
@@ -288,7 +295,8 @@ def _estimate_bytes(spec, records):
 
 def generate(name: str, path: str, records: int | None = None, seed: int = 0,
              verbose: bool = False) -> str:
-    """Write dataset NAME (``small``, ``cifar``, ``big``, ``shuffled``, ``tiny``, or
+    """Write dataset NAME (``small``, ``cifar``, ``big``, ``shuffled``,
+    ``shuffled-cifar``, ``tiny``, or
     ``NAME-quick``) as an LMDB environment directory at PATH and return PATH.
 
     Deterministic: the same (name, records, seed) gives the same records and,
@@ -402,7 +410,9 @@ def ensure(name: str, path: str, records: int | None = None, seed: int = 0,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("name", nargs="?", help="small, cifar, big, shuffled, tiny (or NAME-quick)")
+    ap.add_argument("name", nargs="?",
+                    help="small, cifar, big, shuffled, shuffled-cifar, tiny "
+                         "(or NAME-quick)")
     ap.add_argument("path", nargs="?", help="environment directory to create")
     ap.add_argument("--records", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
