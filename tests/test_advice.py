@@ -3,18 +3,21 @@ its next windows need (WILLNEED) unless a probe finds them cached; asking
 for a cached region costs the kernel a lookup of each of its pages.
 
 A hot epoch gives no advice, an epoch over an evicted file gives some, and
-the batches are the same either way.
+the batches are the same either way.  Values in overflow runs out of file
+order get the regions around their runs asked for, as leaves do.
 """
 
 from __future__ import annotations
 
 import os
+import struct
+import time
 
 import numpy as np
 import pytest
 
 from conftest import require_lmdbio
-from lmdb_fixtures import cached_pages, write_sized
+from lmdb_fixtures import LmdbFile, cached_pages, write_sized
 
 try:
     import lmdbio
@@ -256,3 +259,48 @@ def test_regions_are_checked_by_sampling_their_pages(env_path, tmp_path,
         assert np.array_equal(ia, ib)
         assert va == vb
         assert np.array_equal(oa, ob)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64",
+                    reason="cachestat(2) called by its x86-64 number")
+def test_a_window_asks_for_the_regions_of_its_values_runs(tmp_path):
+    """Values of one overflow page put in random key order after a compact
+    tree (compact_tree): the first batch's values lie all over the file.
+    From an evicted file, the window that reads them asks for the 1 MiB
+    regions around their runs, so pages of those regions far from any of
+    the runs arrive in the OS cache too (a region holds values that later
+    windows read); the batch is py-lmdb's."""
+    from test_values_ahead import compact_tree   # (needs hypothesis)
+    path = str(tmp_path / "db")
+    os.makedirs(path)
+    items = compact_tree(path, [3000] * 8000, seed=7)
+    f = LmdbFile(path)
+    run_of = {nd.key: struct.unpack_from("<Q", f.buf, nd.data_offset)[0]
+              for nd in f.bigdata_nodes("t")}
+    del f
+    ps = os.sysconf("SC_PAGE_SIZE")
+    runs = [run_of[k] for k, _v in items[:8]]
+    per_region = (1 << 20) // ps
+    pages = sorted({p for r in runs
+                    for p in range(r // per_region * per_region,
+                                   (r // per_region + 1) * per_region)
+                    if all(abs(p - q) * ps > (384 << 10) for q in runs)})
+    assert len(pages) >= 50
+    fd = os.open(_data(path), os.O_RDONLY)
+    try:
+        _evict(path)
+        if any(cached_pages(fd, p * ps, ps) for p in pages):
+            pytest.skip("the page cache kept the file (cannot evict it here)")
+        with lmdbio.Reader(path, db="t", batch_size=8, lock=False,
+                           index_cache=False) as r:
+            first = next(iter(r))
+            assert [bytes(v) for v in first.values] == \
+                [v for _k, v in items[:8]]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and \
+                    not all(cached_pages(fd, p * ps, ps) for p in pages):
+                time.sleep(0.05)
+            missing = [p for p in pages if not cached_pages(fd, p * ps, ps)]
+            assert not missing, (len(missing), len(pages))
+    finally:
+        os.close(fd)
