@@ -268,10 +268,12 @@ int lio_cursor_values_into(lio_cursor *c, const lio_value_run *runs,
  * batch. */
 #define LIO_AHEAD_MAX 255
 /* The value left unread, then those of the next nodes of its leaf in
- * overflow runs wherever they lie, up to `max` values whose sizes add up
+ * overflow runs out of file order, up to `max` values whose sizes add up
  * to at most max_bytes, each at most LIO_BATCH_VALUE_MAX: as
- * lio_cursor_plan_values, in walk order.  0 or 1 where a batch would not
- * pay: no forward walk, or reads under O_DIRECT (aligned memory only). */
+ * lio_cursor_plan_values, in walk order.  It stops before two runs that
+ * follow each other in file order (lio_cursor_plan_values' batches).
+ * 0 or 1 where a batch would not pay: no forward walk, or reads under
+ * O_DIRECT (aligned memory only). */
 size_t lio_cursor_plan_ahead(lio_cursor *c, lio_value_run *runs, size_t max,
                              size_t max_bytes);
 /* Hand runs[0..n) (n <= LIO_AHEAD_MAX) to the cursor's worker, which reads

@@ -143,6 +143,26 @@ def test_the_worker_runs_for_a_walk_and_ends_with_its_cursor(tmp_path):
     del it
     assert workers() == base
 
+    # no worker where the runs are in file order: they are read several
+    # a request (here a run out of order every 40 values)
+    inorder = str(tmp_path / "inorder")
+    sizes = [3000] * 400
+    put = [(key_of(i), value_of(i, s)) for i, s in enumerate(sizes)]
+    for i in range(0, 400, 40):    # (its run lands after the next ones)
+        put[i], put[i + 1] = put[i + 1], put[i]
+    write_items(inorder, put, name=b"t")
+    env = open_sub(inorder, WORKER)
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            got, most = [], 0
+            for kv in txn.cursor():
+                got.append(kv)
+                most = max(most, workers())
+            assert got == sorted(put)
+            assert most == base
+    finally:
+        env.close()
+
     # no worker without read-ahead (nor for the reference path)
     for cfg in (CONFIGS[1], REFERENCE):
         env = open_sub(path, cfg)
