@@ -645,6 +645,24 @@ def test_a_walk_reads_values_up_to_1_mib_several_per_request(
     assert 20 // per_request <= reads <= -(-20 // per_request) + 5, reads
 
 
+def scan_to_error(path, cfg):
+    """A full scan of database t of `path` opened with `cfg`: the items
+    before the first lmdbio.Error, and that error (class name, message),
+    or None."""
+    env = open_sub(path, cfg)
+    got = []
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            try:
+                for kv in txn.cursor():
+                    got.append(kv)
+            except lmdbio.Error as e:
+                return got, (type(e).__name__, str(e))
+            return got, None
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("field", [dict(pgno_field=1), dict(flags=0x02),
                                    dict(pages=0)],
                          ids=["page-number", "flags", "no-pages"])
@@ -660,25 +678,12 @@ def test_a_damaged_run_in_a_batch_raises_when_the_walk_gets_there(
                   for nd in f.bigdata_nodes("t"))
     patch_page_header(f.path, runs[17], f.psize, **field)
 
-    def scan(cfg):
-        env = open_sub(path, cfg)
-        got = []
-        try:
-            with env.begin(db=env.open_db(b"t")) as txn:
-                try:
-                    for kv in txn.cursor():
-                        got.append(kv)
-                except lmdbio.Error as e:
-                    return got, (type(e).__name__, str(e))
-                return got, None
-        finally:
-            env.close()
-
-    got, err = scan(("batched", {}, {"readahead": False}))
+    got, err = scan_to_error(path, ("batched", {}, {"readahead": False}))
     assert got == items[:17]
     assert err is not None and "page %d" % runs[17] in err[1], err
-    assert scan(("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
-                 {"readahead": False})) == (got, err)
+    reference = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
+                 {"readahead": False})
+    assert scan_to_error(path, reference) == (got, err)
 
 
 def _io():

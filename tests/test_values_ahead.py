@@ -32,8 +32,8 @@ import time
 import pytest
 
 from lmdb_fixtures import LmdbFile, patch_page_header, write_items
-from test_big_values import (PS, configs, key_of, program_st, run, sizes_st,
-                             value_of)
+from test_big_values import (PS, configs, key_of, program_st, run,
+                             scan_to_error, sizes_st, value_of)
 from test_cursor_readahead import CONFIGS, check_advice, norm, open_sub
 
 from conftest import import_subject, require
@@ -192,24 +192,10 @@ def test_a_damaged_run_read_by_the_worker_raises_when_the_walk_gets_there(
     bad = run_of[key_of(at)]
     patch_page_header(f.path, bad, f.psize, **field)
 
-    def scan(cfg):
-        env = open_sub(path, cfg)
-        got = []
-        try:
-            with env.begin(db=env.open_db(b"t")) as txn:
-                try:
-                    for kv in txn.cursor():
-                        got.append(kv)
-                except lmdbio.Error as e:
-                    return got, (type(e).__name__, str(e))
-                return got, None
-        finally:
-            env.close()
-
-    got, err = scan(WORKER)
+    got, err = scan_to_error(path, WORKER)
     assert got == items[:at]
     assert err is not None and "page %d" % bad in err[1], err
-    assert scan(REFERENCE) == (got, err)
+    assert scan_to_error(path, REFERENCE) == (got, err)
 
 
 def test_values_kept_by_the_program_never_change(tmp_path):
