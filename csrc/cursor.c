@@ -232,16 +232,20 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     through = reads_through(c, level, pgno, dir);
     if (through && m > 1 && in_window(env, pgno, list[1])) {
         /* The OS's window brings these leaves as the walk reads toward
-         * them: read now only those next to this one (one request).  A
-         * read of its own for each of the others put 64 small requests
-         * among the window's large ones (leaves 630 KiB apart, 3 KiB
-         * values between them: cold walks 10% slower).  So too where the
-         * device score says the OS cache: the OS's read-ahead serving
-         * every read is what keeps it there, and the 64 leaves reached
-         * 40 MiB past its window (cold, that walk stalled 5-7 ms every 64
-         * leaves). */
+         * them.  From the device, read now only those next to this one
+         * (one request): a read of its own for each of the others put 64
+         * small requests among the window's large ones (leaves 630 KiB
+         * apart, 3 KiB values between them: cold walks 10% slower).
+         * Where the device score says the OS cache, those within its
+         * window: the OS's read-ahead serving every read may be what
+         * keeps the score there, and the 64 leaves reached 40 MiB past
+         * the window (cold, that walk stalled 5-7 ms every 64 leaves);
+         * leaves a few pages apart still come in one request (one a leaf
+         * made a hot walk of 300k values of 100-3000 bytes 12% slower). */
         size_t k = 1;
-        while (k < m && list[k] == list[k - 1] + 1)
+        int device = lio_env_from_device(env);
+        while (k < m && (device ? list[k] == list[k - 1] + 1
+                                : in_window(env, pgno, list[k])))
             k++;
         /* (the leaves after these are the next ones to ask for) */
         i = c->ki[level - 1];
