@@ -255,6 +255,11 @@ int lio_env_from_device(lio_env *env);
 #define LIO_PREFETCH_MAX 256
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n);
+/* lio_page_prefetch, keeping in the cache the pages between those wanted
+ * that its requests read anyway (from the OS cache, a few pages apart):
+ * the one-page values an appending writer put between the leaves. */
+void lio_page_prefetch_with_gaps(lio_env *env, const lio_meta *snap,
+                                 const uint64_t *pgnos, size_t n);
 
 /* From the device: ask the OS to read, in the background, the blocks
  * around pages pgnos[0..n) that were not read around yet, except those

@@ -76,6 +76,7 @@ struct lio_cursor {
     size_t nodecap;
     uint64_t record_gets;        /* lio_cursor_gets_by_record */
     lio_ahead *worker;           /* reads values ahead, once a walk wanted it */
+    int page_values;             /* a walk met a value in a one-page run */
 };
 
 static int fail(tcursor *c, int code, uint64_t pgno, const char *what)
@@ -252,7 +253,12 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
         more = i < pg_numkeys(parent);
         m = children_from(parent, &i, &more, dir, k, list);
     }
-    lio_page_prefetch(env, &cur->snap, list, m);
+    /* (where a walk meets values in one-page runs, the pages between
+     * leaves that a request spans are likely more of them) */
+    if (cur->page_values)
+        lio_page_prefetch_with_gaps(env, &cur->snap, list, m);
+    else
+        lio_page_prefetch(env, &cur->snap, list, m);
     /* From the device, the leaves after these are asked for too, in the
      * background (lio_page_advise_around: the blocks around them), twice
      * as many each time the walk gets here, up to LIO_PREFETCH_MAX.
@@ -670,6 +676,8 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
                         (unsigned long long)cur->snap.last_pg);
     lio_page_unpin(env, cur->ov_pin);
     cur->ov_pin = NULL;
+    if (need == 1 && cur->walk)
+        cur->page_values = 1;
     if (need == 1 && cur->walk == 0) {
         /* A seek reads its neighbours' values with its own only when seeks
          * go key after key (a get loop in key order): a random lookup that
@@ -685,6 +693,10 @@ static int read_overflow(tcursor *c, const uint8_t *leaf, lio_val *data,
      * lio_cursor_values_into: one copy, not two through the cache) */
     if (need == 1 && batch && !(lazy && cur->defer && cur->walk > 0) &&
         (cur->ov_pin = one_page_value(c, pgno))) {
+        p = cur->ov_pin->data;
+    } else if (need == 1 && lazy && cur->defer && cur->walk > 0 &&
+               (cur->ov_pin = lio_page_peek(env, &cur->snap, pgno))) {
+        /* (read with the leaves, between them: lio_page_prefetch) */
         p = cur->ov_pin->data;
     } else if (lazy && cur->defer && size) {
         advise_runs(c);

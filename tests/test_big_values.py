@@ -686,6 +686,70 @@ def test_a_damaged_run_in_a_batch_raises_when_the_walk_gets_there(
     assert scan_to_error(path, reference) == (got, err)
 
 
+def _mixed_sizes(path, n=4000):
+    """Database t: n values of 100-3000 bytes appended in key order (those
+    over half a page in a one-page run each, between the leaves), as a
+    dataset of mixed-size records is written."""
+    items = [(b"%06d" % i, value_of(i, 100 + (i * 7919) % 2900))
+             for i in range(n)]
+    write_items(path, items, name=b"t")
+    return items
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"),
+                    reason="counts reads with /proc/self/io (Linux)")
+def test_walk_takes_values_read_with_the_leaves_between_them(tmp_path):
+    """From the OS cache, read-ahead reads a batch of leaves in one request
+    that spans the one-page values between them: the walk takes those
+    values from the cache, not with a read of their own (4000 records,
+    1048 leaves: 91 read calls, against 852 before; 300k such records, hot:
+    120 ms against 174 before and py-lmdb's 150).  Equal to py-lmdb and to
+    the one-at-a-time path."""
+    path = str(tmp_path)
+    items = _mixed_sizes(path)
+    f = LmdbFile(path)
+    leaves = f.leaves("t")
+    assert len(f.bigdata_nodes("t")) > len(leaves) / 2   # values between
+    env = open_sub(path, CONFIGS[2])     # read-ahead on, as lmdbio.open
+    try:
+        with env.begin(db=env.open_db(b"t")) as txn:
+            r0 = _io()[0]
+            got = list(txn.cursor())
+            calls = _io()[0] - r0
+    finally:
+        env.close()
+    assert got == items
+    assert calls < len(leaves) / 8, (calls, len(leaves))
+    for cfg in CONFIGS[:2]:
+        assert scan_to_error(path, cfg) == (items, None), cfg[0]
+
+
+@pytest.mark.parametrize("field", [dict(pgno_field=1), dict(flags=0x02),
+                                   dict(pages=0)],
+                         ids=["page-number", "flags", "no-pages"])
+def test_a_damaged_value_read_with_the_leaves_raises_when_the_walk_gets_there(
+        tmp_path, field):
+    """A damaged one-page run that came into the cache with the leaves
+    around it raises nothing until the walk reaches its value, with the
+    one-at-a-time path's error and the same values before it."""
+    path = str(tmp_path)
+    items = _mixed_sizes(path)
+    f = LmdbFile(path)
+    run_of = {nd.key: struct.unpack_from("<Q", f.buf, nd.data_offset)[0]
+              for nd in f.bigdata_nodes("t")}
+    at = sorted(run_of)[len(run_of) // 2]
+    bad = run_of[at]
+    patch_page_header(f.path, bad, f.psize, **field)
+    ordinal = [k for k, _ in items].index(at)
+
+    got, err = scan_to_error(path, CONFIGS[2])
+    assert got == items[:ordinal]
+    assert err is not None and "page %d" % bad in err[1], err
+    reference = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
+                 {"readahead": False})
+    assert scan_to_error(path, reference) == (got, err)
+
+
 def _io():
     """(read system calls, bytes read) of this process so far."""
     with open("/proc/self/io") as fh:
