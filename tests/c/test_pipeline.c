@@ -215,39 +215,51 @@ static int make_records(void)
 /* Write the records with liblmdb: in key order (MDB_APPEND, one commit),
  * or scattered (a seeded random order, a commit every 2500 puts so that
  * freed pages are reused). */
-static int make_file(const char *path, int scattered)
+/* Write nrec records with liblmdb to `path`: keys key_of(i), values
+ * value(i) (given `scratch` of scratch_size bytes to fill, or not), in key
+ * order (MDB_APPEND) or, if scattered, in the order of a shuffle seeded
+ * with `seed`, committed every commit_every puts (0: once). */
+typedef const uint8_t *(*value_fn)(uint32_t i, size_t *size,
+                                   uint8_t *scratch);
+
+static int write_records(const char *path, uint32_t nrec, int scattered,
+                         uint64_t seed, value_fn value, size_t scratch_size,
+                         uint32_t commit_every)
 {
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi dbi;
-    uint32_t *order = malloc(NREC * sizeof *order);
-    uint64_t s = 0x5eed0002;
-    if (!order)
+    uint32_t *order = malloc(nrec * sizeof *order);
+    uint8_t *scratch = scratch_size ? malloc(scratch_size) : NULL;
+    uint64_t s = seed;
+    if (!order || (scratch_size && !scratch)) {
+        free(order);
+        free(scratch);
         return -1;
-    for (uint32_t i = 0; i < NREC; i++)
+    }
+    for (uint32_t i = 0; i < nrec; i++)
         order[i] = i;
-    if (scattered)
-        for (uint32_t i = NREC - 1; i > 0; i--) {
-            uint32_t j = (uint32_t)(rng_next(&s) % (i + 1)), t = order[i];
-            order[i] = order[j];
-            order[j] = t;
-        }
+    for (uint32_t i = nrec - 1; scattered && i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_next(&s) % (i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
     MDB_OK(mdb_env_create(&env));
     MDB_OK(mdb_env_set_mapsize(env, (size_t)256 << 20));
     MDB_OK(mdb_env_open(env, path, MDB_NOSUBDIR, 0644));
     MDB_OK(mdb_txn_begin(env, NULL, 0, &txn));
     MDB_OK(mdb_dbi_open(txn, NULL, 0, &dbi));
-    for (uint32_t n = 0; n < NREC; n++) {
+    for (uint32_t n = 0; n < nrec; n++) {
         uint32_t i = order[n];
         char kb[16];
         MDB_val k, v;
         key_of(i, kb);
         k.mv_size = KEYLEN;
         k.mv_data = kb;
-        v.mv_size = vsize_of(i);
-        v.mv_data = g_vals + g_voff[i];
+        v.mv_data = (void *)value(i, &v.mv_size, scratch);
         MDB_OK(mdb_put(txn, dbi, &k, &v, scattered ? 0 : MDB_APPEND));
-        if (scattered && (n + 1) % 2500 == 0 && n + 1 < NREC) {
+        if (scattered && commit_every && (n + 1) % commit_every == 0 &&
+            n + 1 < nrec) {
             MDB_OK(mdb_txn_commit(txn));
             MDB_OK(mdb_txn_begin(env, NULL, 0, &txn));
         }
@@ -255,7 +267,22 @@ static int make_file(const char *path, int scattered)
     MDB_OK(mdb_txn_commit(txn));
     mdb_env_close(env);
     free(order);
+    free(scratch);
     return 0;
+}
+
+static const uint8_t *record_value(uint32_t i, size_t *size,
+                                   uint8_t *scratch)
+{
+    (void)scratch;
+    *size = vsize_of(i);
+    return g_vals + g_voff[i];
+}
+
+static int make_file(const char *path, int scattered)
+{
+    return write_records(path, NREC, scattered, 0x5eed0002, record_value, 0,
+                         2500);
 }
 
 /* ---- the files, opened as BulkFile opens them -------------------------- */
@@ -1489,45 +1516,18 @@ end:
 /* VREC records of 2100..8099-byte values (one or two overflow pages each,
  * a dozen runs a leaf), in key order in "seq", in a random order in "rnd"
  * (the runs of a leaf all over the file). */
+static const uint8_t *big_value(uint32_t i, size_t *size, uint8_t *scratch)
+{
+    *size = vsize_big(i);
+    for (size_t j = 0; j < *size; j++)
+        scratch[j] = vbyte(i, j);
+    return scratch;
+}
+
 static int make_values_file(const char *path, int scattered)
 {
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    uint8_t *val = malloc(8192);
-    uint32_t order[VREC];
-    uint64_t s = 0x5eed0003;
-    if (!val)
-        return -1;
-    for (uint32_t i = 0; i < VREC; i++)
-        order[i] = i;
-    for (uint32_t i = VREC - 1; scattered && i > 0; i--) {
-        uint32_t j = (uint32_t)(rng_next(&s) % (i + 1)), t = order[i];
-        order[i] = order[j];
-        order[j] = t;
-    }
-    MDB_OK(mdb_env_create(&env));
-    MDB_OK(mdb_env_set_mapsize(env, (size_t)256 << 20));
-    MDB_OK(mdb_env_open(env, path, MDB_NOSUBDIR, 0644));
-    MDB_OK(mdb_txn_begin(env, NULL, 0, &txn));
-    MDB_OK(mdb_dbi_open(txn, NULL, 0, &dbi));
-    for (uint32_t n = 0; n < VREC; n++) {
-        uint32_t i = order[n];
-        char kb[16];
-        MDB_val k, v;
-        key_of(i, kb);
-        k.mv_size = KEYLEN;
-        k.mv_data = kb;
-        v.mv_size = vsize_big(i);
-        for (size_t j = 0; j < v.mv_size; j++)
-            val[j] = vbyte(i, j);
-        v.mv_data = val;
-        MDB_OK(mdb_put(txn, dbi, &k, &v, scattered ? 0 : MDB_APPEND));
-    }
-    MDB_OK(mdb_txn_commit(txn));
-    mdb_env_close(env);
-    free(val);
-    return 0;
+    return write_records(path, VREC, scattered, 0x5eed0003, big_value, 8192,
+                         0);
 }
 
 static int t_values(lfile *f)
