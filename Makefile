@@ -7,6 +7,8 @@
 #   make test        all tests: pytest (no MPI), tests/mpi under mpiexec -n 1, 2, 4,
 #                    then the C tests against the system liblmdb (tests/c: the
 #                    lock file; the window pipeline, also under ThreadSanitizer)
+#   make test-tools  the Debian packages the tests compare against (apt-get,
+#                    as root; `make test` runs it first)
 #   make test-fast   pytest without the MPI runs
 #   make docs        the documentation site (docs/, MkDocs) into build/docs
 #   make stubtest    the type stubs of the compiled modules against the build
@@ -52,7 +54,7 @@ DEPS_STAMP := $(VENV)/.lmdbio-deps.stamp
 DOCS_DEPS_STAMP := $(VENV)/.lmdbio-docs-deps.stamp
 INSTALL_STAMP := $(VENV)/.lmdbio-install.stamp
 
-.PHONY: all venv deps build-deps docs-deps install demo test test-fast test-mpi \
+.PHONY: all venv deps build-deps docs-deps install demo test test-tools test-fast test-mpi \
 	check-installed docs stubtest clean distclean bench-dali bench-torch \
 	sanitize-build test-sanitize fuzz-tools fuzz-smoke fuzz-regress
 
@@ -104,7 +106,7 @@ check-installed: $(INSTALL_STAMP) $(DEPS_STAMP)
 	@if command -v mdb_stat >/dev/null 2>&1; then \
 		echo "lmdb-utils: found (tests against mdb_load/mdb_dump/mdb_stat run)"; \
 	else \
-		echo "lmdb-utils: absent (tests that need mdb_load/mdb_dump/mdb_stat are skipped; apt-get install lmdb-utils)"; \
+		echo "lmdb-utils: absent (the tests against mdb_load/mdb_dump/mdb_stat fail; make test-tools, or apt-get install lmdb-utils)"; \
 	fi
 	@if ls /usr/lib/*/libfuse.so.2 >/dev/null 2>&1 && [ -e /dev/fuse ]; then \
 		echo "libfuse2: found (tests over the FUSE emulation of a network filesystem run as root)"; \
@@ -119,7 +121,8 @@ demo: $(INSTALL_STAMP)
 # window pipeline's C lanes on files liblmdb wrote, also under
 # ThreadSanitizer: it needs liblmdb-dev (lmdb.h, -llmdb); without it `make
 # test` stops and says so.
-test: test-fast test-mpi
+test: test-tools
+	$(MAKE) test-fast test-mpi
 	@printf '#include <lmdb.h>\n' | $(CC) -E - >/dev/null 2>&1 || { \
 		echo "make test: tests/c needs liblmdb-dev (apt-get install liblmdb-dev)" >&2; exit 1; }
 	$(MAKE) -C tests/c test tsan
@@ -135,6 +138,26 @@ docs: $(INSTALL_STAMP) $(DOCS_DEPS_STAMP)
 stubtest: check-installed
 	$(VPY) -m mypy.stubtest --allowlist tests/stubtest-allowlist.txt \
 		lmdbio._core lmdbio._bulk lmdbio._datum
+
+# The Debian packages the tests compare against (lmdb-utils: mdb_load,
+# mdb_dump, mdb_stat, mdb_copy; liblmdb-dev: tests/c) and the FUSE library
+# of tests/test_network_fs.py: installed with apt-get where they are
+# missing and this runs as root; else one line says what to install.
+TEST_PKGS := lmdb-utils liblmdb-dev libfuse2 fuse
+test-tools:
+	@missing=""; \
+	for t in mdb_stat mdb_dump mdb_load mdb_copy; do \
+		command -v $$t >/dev/null 2>&1 || missing="lmdb-utils"; done; \
+	printf '#include <lmdb.h>\n' | $(CC) -E - >/dev/null 2>&1 || missing="$$missing liblmdb-dev"; \
+	ls /usr/lib/*/libfuse.so.2 >/dev/null 2>&1 || missing="$$missing libfuse2 fuse"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make test: installing $$missing (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
+	else \
+		echo "make test needs the Debian packages:$$missing (as root: apt-get install$$missing)" >&2; exit 1; \
+	fi
 
 test-fast: check-installed
 	$(VPY) -m pytest tests --ignore=tests/mpi $(PYTEST_ARGS)
