@@ -196,7 +196,7 @@ SAN_TESTS ?= tests/test_corrupt.py tests/test_differential.py \
 	tests/test_core_records.py tests/test_getmulti.py tests/test_recmap.py \
 	tests/test_leafdir.py \
 	tests/test_held_leaves.py tests/test_first_start.py \
-	tests/test_values_ahead.py
+	tests/test_values_ahead.py tests/test_big_values.py
 SAN_ENV := LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) \
 	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=3072:abort_on_error=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
