@@ -1700,6 +1700,37 @@ void lio_cursor_values_ahead_drop(lio_cursor *cur)
     lio_ahead_drop(cur->worker);
 }
 
+/* The batch's values when each is a one-page run the cache holds (read
+ * with the leaves around it: lio_page_prefetch_with_gaps), copied from
+ * there; 0 (nothing done) if any is not.  *good as lio_cursor_values_into
+ * sets it. */
+static int values_from_cache(lio_cursor *cur, const lio_value_run *runs,
+                             size_t n, void *const *dsts, size_t *good)
+{
+    lio_page *pg[LIO_VALUES_MAX];
+    size_t k;
+    for (k = 0; k < n; k++)
+        if (PAGEHDRSZ + (uint64_t)runs[k].size > cur->env->psize ||
+            !(pg[k] = lio_page_peek(cur->env, &cur->snap, runs[k].pgno)))
+            break;
+    if (k < n) {
+        while (k--)
+            lio_page_unpin(cur->env, pg[k]);
+        return 0;
+    }
+    for (k = 0; k < n; k++) {
+        if (check_run(cur, pg[k]->data, runs[k].pgno, runs[k].size)) {
+            cur->err.code = 0;   /* raised when the cursor gets there */
+            break;
+        }
+        memcpy(dsts[k], pg[k]->data + PAGEHDRSZ, runs[k].size);
+        *good = k + 1;
+    }
+    for (k = 0; k < n; k++)
+        lio_page_unpin(cur->env, pg[k]);
+    return 1;
+}
+
 int lio_cursor_values_into(lio_cursor *cur, const lio_value_run *runs,
                            size_t n, void *const *dsts, size_t *good)
 {
@@ -1713,6 +1744,8 @@ int lio_cursor_values_into(lio_cursor *cur, const lio_value_run *runs,
     if (n == 0 || n > LIO_VALUES_MAX)
         return lio_fail(&cur->err, LIO_EINVAL, LIO_NO_PAGE,
                         "a batch of %zu values", n);
+    if (cur->page_values && values_from_cache(cur, runs, n, dsts, good))
+        return LIO_SUCCESS;
     /* gaps (the end of a run's last page and the pages up to the next
      * run) go to one scratch buffer, overwritten */
     for (size_t i = 1; i < n; i++) {
