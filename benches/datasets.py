@@ -27,6 +27,9 @@ shuffled-cifar  50000    10000  like ``cifar``, inserted in random key order
                                 (the values' overflow pages out of file order)
 tiny            1000000  100000 feature-vector Datum 1x8x8 (~80 B, about 43 a
                                 leaf: no record map), appended
+mixed           300000   30000  Datum 1xHx32, H in [3, 93] (100-3000 B; the
+                                third over half a page in an overflow page
+                                each, between the leaves), appended
 ==============  =======  =====  ===============================================
 
 ``NAME-quick`` (e.g. ``small-quick``) selects the quick size.
@@ -182,12 +185,16 @@ DATASETS = {
     "tiny": dict(records=1_000_000, quick=100_000, kind="features",
                  order="append",
                  doc="Datum 1x8x8 (~80 B, dozens a leaf), appended in key order"),
+    "mixed": dict(records=300_000, quick=30_000, kind="mixed", order="append",
+                  doc="Datum 1xHx32, H in [3, 93] (100-3000 B; a third over "
+                      "half a page, each in an overflow page after its "
+                      "leaf), appended in key order"),
 }
 
 # records generated per batch (record i's bytes depend on its chunk's rng, so
 # these are part of the format: changing them changes the data)
 _CHUNK = {"mnist": 10_000, "cifar": 10_000, "imagenet": 64,
-          "features": 10_000}
+          "features": 10_000, "mixed": 10_000}
 
 
 def _chunk(base):
@@ -264,8 +271,22 @@ def _values_features(rng, n):
     return _dense_datums(rng, n, 1, 8, 8)
 
 
+def _values_mixed(rng, n):
+    heights = rng.integers(3, 94, size=n)   # 96 .. 2976 bytes of pixels
+    labels = rng.integers(0, 10, size=n)
+    enc = _TAG_ENCODED + b"\x00"
+    out = []
+    for j in range(n):
+        size = int(heights[j]) * 32
+        px = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
+        out.append(datum_header(1, int(heights[j]), 32) + _varint(size) + px
+                   + _TAG_LABEL + _int32(int(labels[j])) + enc)
+    return out
+
+
 _MAKERS = {"mnist": _values_mnist, "cifar": _values_cifar,
-           "imagenet": _values_imagenet, "features": _values_features}
+           "imagenet": _values_imagenet, "features": _values_features,
+           "mixed": _values_mixed}
 
 
 def record_values(name: str, start: int, stop: int, seed: int = 0):
@@ -288,7 +309,7 @@ def key(i: int) -> bytes:
 
 def _estimate_bytes(spec, records):
     per = {"mnist": 820, "cifar": 4096, "imagenet": 204_800 + 4096,
-           "features": 128}[spec["kind"]]
+           "features": 128, "mixed": 2600}[spec["kind"]]
     factor = 2.2 if spec["order"] == "random" else 1.3
     return int(records * per * factor) + (64 << 20)
 
@@ -296,7 +317,7 @@ def _estimate_bytes(spec, records):
 def generate(name: str, path: str, records: int | None = None, seed: int = 0,
              verbose: bool = False) -> str:
     """Write dataset NAME (``small``, ``cifar``, ``big``, ``shuffled``,
-    ``shuffled-cifar``, ``tiny``, or
+    ``shuffled-cifar``, ``tiny``, ``mixed``, or
     ``NAME-quick``) as an LMDB environment directory at PATH and return PATH.
 
     Deterministic: the same (name, records, seed) gives the same records and,
