@@ -255,9 +255,10 @@ int lio_env_from_device(lio_env *env);
 #define LIO_PREFETCH_MAX 256
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n);
-/* lio_page_prefetch, keeping in the cache the pages between those wanted
- * that its requests read anyway (from the OS cache, a few pages apart):
- * the one-page values an appending writer put between the leaves. */
+/* lio_page_prefetch, also reading and keeping in the cache the pages
+ * between those wanted, where they are up to 16 pages apart (from the OS
+ * cache only): the one-page values an appending writer put next to the
+ * leaves. */
 void lio_page_prefetch_with_gaps(lio_env *env, const lio_meta *snap,
                                  const uint64_t *pgnos, size_t n);
 
