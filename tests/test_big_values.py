@@ -50,6 +50,10 @@ BOUNDARY = EXACT + [s + 1 for s in EXACT]
 # The reference path: direct=True reads values as before (into the cursor's
 # aligned buffer, then copied); skipped where the filesystem refuses it.
 OLD_PATH = ("direct-copy", {}, {"direct": True})
+# Every value through lio_cursor_get, no batches, no read-ahead: what the
+# fast paths' results and errors are compared with.
+ONE_AT_A_TIME = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
+                 {"readahead": False})
 
 
 def configs(path):
@@ -610,8 +614,7 @@ def test_a_walk_reads_small_values_many_per_request(tmp_path, size):
 
     got, batched = scan(("batched", {}, {"readahead": False}))
     assert got == items
-    ref, single = scan(("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
-                        {"readahead": False}))
+    ref, single = scan(ONE_AT_A_TIME)
     assert ref == items
     assert single >= 300
     # a request per leaf and per 85 of its values, the root, and the two
@@ -681,9 +684,7 @@ def test_a_damaged_run_in_a_batch_raises_when_the_walk_gets_there(
     got, err = scan_to_error(path, ("batched", {}, {"readahead": False}))
     assert got == items[:17]
     assert err is not None and "page %d" % runs[17] in err[1], err
-    reference = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
-                 {"readahead": False})
-    assert scan_to_error(path, reference) == (got, err)
+    assert scan_to_error(path, ONE_AT_A_TIME) == (got, err)
 
 
 def _mixed_sizes(path, n=4000, sizes="stride"):
@@ -750,9 +751,7 @@ def test_a_damaged_value_read_with_the_leaves_raises_when_the_walk_gets_there(
     got, err = scan_to_error(path, CONFIGS[2])
     assert got == items[:ordinal]
     assert err is not None and "page %d" % bad in err[1], err
-    reference = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
-                 {"readahead": False})
-    assert scan_to_error(path, reference) == (got, err)
+    assert scan_to_error(path, ONE_AT_A_TIME) == (got, err)
 
 
 def _io():

@@ -32,8 +32,8 @@ import time
 import pytest
 
 from lmdb_fixtures import LmdbFile, patch_page_header, write_items
-from test_big_values import (PS, configs, key_of, program_st, run,
-                             scan_to_error, sizes_st, value_of)
+from test_big_values import (ONE_AT_A_TIME, PS, configs, key_of, program_st,
+                             run, scan_to_error, sizes_st, value_of)
 from test_cursor_readahead import CONFIGS, check_advice, norm, open_sub
 
 from conftest import import_subject, require
@@ -45,8 +45,6 @@ from hypothesis import strategies as st  # noqa: E402
 lmdb = require("lmdb", "pip install lmdb")
 lmdbio = import_subject("lmdbio")
 
-REFERENCE = ("one-at-a-time", {"LMDBIO_CURSOR_FASTPATH": "0"},
-             {"readahead": False})
 WORKER = CONFIGS[2]   # read-ahead on, as lmdbio.open gives it
 
 
@@ -89,7 +87,7 @@ def test_programs_over_scattered_runs_match_pylmdb_and_the_reference(
             want = run(ref, program, buffers)
         finally:
             ref.close()
-        for cfg in configs(path) + [REFERENCE]:
+        for cfg in configs(path) + [ONE_AT_A_TIME]:
             env = open_sub(path, cfg)
             try:
                 assert run(env, program, buffers) == want, cfg[0]
@@ -164,7 +162,7 @@ def test_the_worker_runs_for_a_walk_and_ends_with_its_cursor(tmp_path):
         env.close()
 
     # no worker without read-ahead (nor for the reference path)
-    for cfg in (CONFIGS[1], REFERENCE):
+    for cfg in (CONFIGS[1], ONE_AT_A_TIME):
         env = open_sub(path, cfg)
         try:
             with env.begin(db=env.open_db(b"t")) as txn:
@@ -195,7 +193,7 @@ def test_a_damaged_run_read_by_the_worker_raises_when_the_walk_gets_there(
     got, err = scan_to_error(path, WORKER)
     assert got == items[:at]
     assert err is not None and "page %d" % bad in err[1], err
-    assert scan_to_error(path, REFERENCE) == (got, err)
+    assert scan_to_error(path, ONE_AT_A_TIME) == (got, err)
 
 
 def test_values_kept_by_the_program_never_change(tmp_path):
