@@ -1417,11 +1417,13 @@ int lio_cursor_count(lio_cursor *cur, uint64_t *count)
     return LIO_SUCCESS;
 }
 
-/* get_by_record found no record of the key in the table. */
-#define NOT_IN_TABLE (-1)
+/* get_by_record found no record of the key in the table.  (Above every
+ * LIO_ code: as LIO_SYSERR's -1, it took a failed read of the record for
+ * an absent key.) */
+#define NOT_IN_TABLE 1
 /* Read the page: a record read did not match its slot, or its leaf is
  * part of a working set. */
-#define READ_THE_PAGE (-2)
+#define READ_THE_PAGE 2
 
 /* lio_get from the directory's record table: one read of the record.  The
  * leaf's page, read by the lookup that noted its records, was checked;

@@ -86,10 +86,12 @@ def run():
         with env.begin() as txn:
             return digest(txn.cursor())
     if what == "get":
-        env = lmdbio.open(cfg["path"], readonly=True, lock=False, readahead=False)
+        env = lmdbio.open(cfg["path"], readonly=True, lock=False, readahead=False,
+                          cache_bytes=cfg.get("cache_bytes", 64 << 20))
+        keys = cfg.get("keys") or open(cfg["keys_file"]).read().split()
         with env.begin() as txn:
             return [None if v is None else len(v)
-                    for v in (txn.get(bytes.fromhex(k)) for k in cfg["keys"])]
+                    for v in (txn.get(bytes.fromhex(k)) for k in keys)]
     if what == "reader":
         with lmdbio.Reader(cfg["path"], batch_size=500, index_cache=False) as r:
             items = []
@@ -267,6 +269,28 @@ def test_fault_on_one_page_spares_the_others(hook, db):
     assert res["error"]["offset"] <= off < res["error"]["offset"] + f.psize
     res = run_child(dict(what="cursor", path=db, readahead=False), "eio,at=%d" % off)
     assert_disk_error(res, db)
+
+
+def test_a_failed_read_of_a_record_alone_raises(hook, db, tmp_path):
+    """Lookups whose leaf's records are noted in the leaf directory's
+    table read the record alone (csrc/leafdir.c).  Such a read that fails
+    raises: it used to answer None, as for an absent key (the table's
+    "not in the table" code was LIO_SYSERR's -1)."""
+    f = LmdbFile(db)
+    keys = sorted(n.key for p in f.leaves() for n in p.nodes)
+    leaf = f.leaves()[len(f.leaves()) * 3 // 4]
+    first = leaf.nodes[0]
+    # the first pass reads first's leaf as a page (the read let through),
+    # the second reads first's record alone: that read fails
+    (tmp_path / "keys").write_text(" ".join(k.hex() for k in keys + keys))
+    res = run_child(dict(what="get", path=db, cache_bytes=1 << 20,
+                         keys_file=str(tmp_path / "keys")),
+                    "eio,at=%d,after=1" % first.key_offset)
+    assert_disk_error(res, db)
+    assert res["faults"] >= 1
+    # (the pages around it are read as before: the failing read is the
+    # record's, a few bytes, not its page)
+    assert first.offset - f.psize < res["error"]["offset"] <= first.key_offset
 
 
 def test_open_fails_cleanly(hook, db):
