@@ -401,21 +401,38 @@ static int from_device(lio_env *env)
     return __atomic_load_n(&env->device_reads, __ATOMIC_RELAXED) > DEVICE_SLOW;
 }
 
+/* A read of several segments (a run's header and its value, a batch of
+ * small values) of at most STAGE_BYTES in all goes into a buffer on the
+ * stack in one segment and is copied out: the kernel's cost of the second
+ * segment is more than the copy.  Measured in C, random one-page runs of
+ * a hot file, header and value into a fresh buffer: 1.05 -> 0.81 us for
+ * 800 bytes, 1.19 -> 1.02 us for 3 KiB, 1.93 -> 1.84 us for 8 KB; even at
+ * 16 KB, 10% slower at 64 KB. */
+#define STAGE_BYTES (8u << 10)
+
 int lio_read_segs(lio_env *env, uint64_t off, const lio_seg *segs,
                   size_t nseg, uint64_t pgno, lio_error *err)
 {
+    uint8_t stage[STAGE_BYTES];
+    lio_seg one = {stage, 0};
     size_t len = 0;
-    int rc, timed;
+    int rc, timed, staged;
     uint64_t t0;
     for (size_t i = 0; i < nseg; i++)
         len += segs[i].len;
     if ((rc = lio_check_extent(env, off, len, pgno, err)))
         return rc;
+    staged = nseg > 1 && len <= STAGE_BYTES && env->align <= 1;
+    one.len = len;
     /* (sampled as page reads are: the clock was 3% of a hot lookup of a
      * value in an overflow page) */
     timed = time_this_read(env);
     t0 = timed ? now_ns() : 0;
-    rc = read_segs(env, off, segs, nseg, len, pgno, 0, err);
+    rc = staged ? read_segs(env, off, &one, 1, len, pgno, 0, err)
+                : read_segs(env, off, segs, nseg, len, pgno, 0, err);
+    if (staged && rc == LIO_SUCCESS)
+        for (size_t i = 0, at = 0; i < nseg; at += segs[i++].len)
+            memcpy(segs[i].dst, stage + at, segs[i].len);
     /* (as read-ahead batches: the OS cache serves a page in about a
      * microsecond) */
     if (timed)
