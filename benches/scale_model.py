@@ -714,9 +714,13 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
         scale = len(steps) / len(picked)
     req = nbytes = ireq = ibytes = mx = coll = 0
     step_req, reads_all = [], []   # per non-empty step
-    after = {-1: (0, 0)}   # (leaves counted, records they hold) after a step
+    # (leaves counted, records they hold, the largest error of the
+    # expectations so far) after a step
+    after = {-1: (0, 0, -1.0)}
+    err_max = -1.0
     if counting and not random_access:
-        from lmdbio.reader import leaves_ahead   # (the Reader's own rule)
+        # (the Reader's own rule)
+        from lmdbio.reader import leaves_ahead, leaves_ahead_error
     for i in picked:
         parts = []
         kept = (0, 0)
@@ -728,16 +732,26 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
                                  "replayed whole (sample=None)")
             ahead = None
             basis = after[i - 2] if i >= 2 else after[-1]
-            if i and basis[0] < layout.n_leaves:
-                lo, hi = leaves_ahead(int(steps[i][0]), int(steps[i][-1]),
-                                      basis[0], basis[1], layout.n_leaves,
-                                      layout.n_records)
+            lo_ord, hi_ord = int(steps[i][0]), int(steps[i][-1])
+            expects = i and basis[0] < layout.n_leaves
+            if expects:
+                lo, hi = leaves_ahead(lo_ord, hi_ord, basis[0], basis[1],
+                                      layout.n_leaves, layout.n_records,
+                                      basis[2])
                 extra, ahead = read_ahead(layout, pol, lo, hi)
                 parts.append(extra)
             extra, counted_to, kept = count_rounds(
                 layout, pol, counted_to, int(np.max(steps[i])), ahead=ahead)
             parts.append(extra)
-            after[i] = (counted_to, int(layout.first[counted_to]))
+            if expects and lo_ord <= hi_ord:
+                # (count_in_turn: how far the expectation fell from the
+                # leaves the step's first and last ordinals lie in)
+                leaf = np.searchsorted(layout.first[:layout.n_leaves + 1],
+                                       [lo_ord, hi_ord], side="right") - 1
+                err_max = max(err_max, leaves_ahead_error(
+                    lo_ord, hi_ord, basis[0], basis[1], layout.n_leaves,
+                    layout.n_records, int(leaf[0]), int(leaf[1]) + 1))
+            after[i] = (counted_to, int(layout.first[counted_to]), err_max)
         parts.extend(plan_step(layout, steps[i], pol, mapped, held=held,
                                counted=kept))
         for part in parts:

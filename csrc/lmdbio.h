@@ -691,10 +691,23 @@ typedef struct lio_pipeline_stats {
  * (ordinals first_ord..last_ord, ascending) will count, expected from the
  * index as it stood before the window ahead of it counted (`counted`
  * leaves holding `covered` records) at the average records a leaf of the
- * rest holds, with a margin of 1/32 and two leaves each side. */
+ * rest holds, with a margin each side: 1/32 of the span and two leaves,
+ * or, when the windows before erred by at most `err` leaves (err >= 0;
+ * -1: none measured yet), 2 err + 2 leaves if that is less.  The margin's
+ * leaves are read by both neighbouring windows: a layout whose leaves
+ * hold an even count of records is expected to within a leaf, and a fixed
+ * 1/32 read 6% of its leaves twice. */
 void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
                       uint64_t covered, uint64_t leaves, uint64_t records,
-                      uint64_t *lo, uint64_t *hi);
+                      double err, uint64_t *lo, uint64_t *hi);
+
+/* How far, in leaves, lio_leaves_ahead's expectation (before its margin)
+ * for ordinals first_ord..last_ord fell from the leaves they lie in,
+ * [true_lo, true_hi); -1 where it expects nothing. */
+double lio_leaves_ahead_error(uint64_t first_ord, uint64_t last_ord,
+                              uint64_t counted, uint64_t covered,
+                              uint64_t leaves, uint64_t records,
+                              uint64_t true_lo, uint64_t true_hi);
 
 /* Start the lanes (threads that block every signal). */
 int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,

@@ -194,10 +194,14 @@ struct lio_pipeline {
     /* counting a begun index (cfg.grow): windows count in order, window k
      * in its turn once turn == k; basis[k % RING]: (leaves counted,
      * records they hold) as window k - 2 left them, what window k reads
-     * ahead from while window k - 1 counts */
+     * ahead from while window k - 1 counts; err_before[k % RING]: the
+     * largest error of the expectations of windows up to k - 2, or -1
+     * (lio_leaves_ahead's err), err_max the largest so far */
     pthread_cond_t turns;
     uint64_t turn;
     uint64_t basis[RING][2];
+    double err_before[RING];
+    double err_max;
     lane lanes[LIO_PIPELINE_LANES];
     lio_pipeline_stats stats;
 };
@@ -210,19 +214,35 @@ static uint64_t ordinal_at(const lio_pipeline_cfg *c, uint64_t pos)
     return c->perm ? (uint64_t)c->perm[q] : q;
 }
 
-void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
-                      uint64_t covered, uint64_t leaves, uint64_t records,
-                      uint64_t *lo, uint64_t *hi)
+/* lio_leaves_ahead's expectation: leaves [*a, *b) for the ordinals at the
+ * average records a leaf of the uncounted rest holds, or 0: none. */
+static int leaves_expected(uint64_t first_ord, uint64_t last_ord,
+                           uint64_t counted, uint64_t covered,
+                           uint64_t leaves, uint64_t records,
+                           double *a, double *b)
 {
-    double per, a, b, margin, x;
-    *lo = *hi = counted;
+    double per;
     if (counted >= leaves || covered >= records || last_ord < first_ord)
-        return;
+        return 0;
     /* (in doubles: the counts a hostile file gives) */
     per = (double)(leaves - counted) / (double)(records - covered);
-    a = (double)counted + ((double)first_ord - (double)covered) * per;
-    b = (double)counted + ((double)last_ord + 1 - (double)covered) * per;
+    *a = (double)counted + ((double)first_ord - (double)covered) * per;
+    *b = (double)counted + ((double)last_ord + 1 - (double)covered) * per;
+    return 1;
+}
+
+void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
+                      uint64_t covered, uint64_t leaves, uint64_t records,
+                      double err, uint64_t *lo, uint64_t *hi)
+{
+    double a, b, margin, x;
+    *lo = *hi = counted;
+    if (!leaves_expected(first_ord, last_ord, counted, covered, leaves,
+                         records, &a, &b))
+        return;
     margin = (b - a) / 32 + 2;
+    if (err >= 0 && 2 * err + 2 < margin)
+        margin = 2 * err + 2;
     /* lo = max(counted, trunc(a - margin)), at most every leaf */
     x = a - margin;
     if (x >= (double)leaves)
@@ -241,6 +261,20 @@ void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord, uint64_t counted,
         *hi = leaves;
     if (*hi < *lo)
         *hi = *lo;
+}
+
+double lio_leaves_ahead_error(uint64_t first_ord, uint64_t last_ord,
+                              uint64_t counted, uint64_t covered,
+                              uint64_t leaves, uint64_t records,
+                              uint64_t true_lo, uint64_t true_hi)
+{
+    double a, b, lo_off, hi_off;
+    if (!leaves_expected(first_ord, last_ord, counted, covered, leaves,
+                         records, &a, &b))
+        return -1;
+    lo_off = a > (double)true_lo ? a - (double)true_lo : (double)true_lo - a;
+    hi_off = b > (double)true_hi ? b - (double)true_hi : (double)true_hi - b;
+    return lo_off > hi_off ? lo_off : hi_off;
 }
 
 static int fill_ordinals(const lio_pipeline_cfg *c, int64_t **buf,
@@ -380,26 +414,42 @@ static void count_in_turn(lane *ln, uint64_t k, const int64_t *ords, size_t n,
 {
     lio_pipeline *p = ln->p;
     lio_index *idx = p->cfg.grow;
-    uint64_t counted, covered, lo, hi, nl;
+    uint64_t counted, covered, lo, hi, nl, first, last;
+    double err_before, err = -1;
     int stop;
     if (k)
         wait_turn(p, k - 1);
     pthread_mutex_lock(&p->lock);
     counted = p->basis[k % RING][0];
     covered = p->basis[k % RING][1];
+    err_before = p->err_before[k % RING];
     stop = p->stop;
     pthread_mutex_unlock(&p->lock);
+    first = n ? (uint64_t)ords[0] : 0;
+    last = n ? (uint64_t)ords[n - 1] : 0;
     if (counted < idx->tree_leaves && !stop && n) {
-        lio_leaves_ahead((uint64_t)ords[0], (uint64_t)ords[n - 1], counted,
-                         covered, idx->tree_leaves, p->cfg.entries, &lo, &hi);
+        lio_leaves_ahead(first, last, counted, covered, idx->tree_leaves,
+                         p->cfg.entries, err_before, &lo, &hi);
         lio_bulk_read_leaves(ln->bulk, lo, hi);
     }
-    if (!wait_turn(p, k) && n)
+    if (!wait_turn(p, k) && n) {
         lio_bulk_extend(ln->bulk, idx, most, 1);
+        /* how far the expectation fell from the leaves counted (a
+         * window that wrapped, or whose count failed, says nothing) */
+        if (counted < idx->tree_leaves && first <= last &&
+            idx->first[0] <= first && lio_index_holds(idx, last))
+            err = lio_leaves_ahead_error(
+                first, last, counted, covered, idx->tree_leaves,
+                p->cfg.entries, lio_index_find(idx, first),
+                lio_index_find(idx, last) + 1);
+    }
     nl = __atomic_load_n(&idx->nleaves, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&p->lock);
+    if (err > p->err_max)
+        p->err_max = err;
     p->basis[(k + 2) % RING][0] = nl;
     p->basis[(k + 2) % RING][1] = idx->first[nl];
+    p->err_before[(k + 2) % RING] = p->err_max;
     if (p->turn < k + 1)
         p->turn = k + 1;
     pthread_cond_broadcast(&p->turns);
@@ -592,6 +642,7 @@ int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
     pthread_cond_init(&p->turns, NULL);
     memcpy(p->basis[0], cfg->basis[0], sizeof p->basis[0]);
     memcpy(p->basis[1], cfg->basis[1], sizeof p->basis[1]);
+    p->err_before[0] = p->err_before[1] = p->err_max = -1;
     /* The lanes take no signal: the interpreter's handlers run in its
      * main thread. */
     sigfillset(&all);

@@ -268,7 +268,8 @@ def test_leaves_ahead_is_a_run_of_uncounted_leaves(first, span, counted,
         assert counted <= lo and hi <= leaves
 
 
-def _leaves_ahead_spec(first_ord, last_ord, counted, covered, leaves, records):
+def _leaves_ahead_spec(first_ord, last_ord, counted, covered, leaves, records,
+                       err=-1.0):
     """The rule as the scale model's notes state it, in Python floats: the
     reference for lio_leaves_ahead."""
     if counted >= leaves or covered >= records or last_ord < first_ord:
@@ -277,23 +278,58 @@ def _leaves_ahead_spec(first_ord, last_ord, counted, covered, leaves, records):
     lo = counted + (first_ord - covered) * per
     hi = counted + (last_ord + 1 - covered) * per
     margin = (hi - lo) / 32 + 2
+    if err >= 0:
+        margin = min(margin, 2 * err + 2)
     lo = max(counted, int(lo - margin))
     return lo, max(lo, min(leaves, int(hi + margin) + 1))
 
 
 @given(first=st.integers(0, 10 ** 7), span=st.integers(-5, 10 ** 6),
        counted=st.integers(0, 10 ** 5), covered=st.integers(0, 10 ** 7),
-       leaves=st.integers(0, 2 * 10 ** 5), records=st.integers(0, 2 * 10 ** 7))
+       leaves=st.integers(0, 2 * 10 ** 5), records=st.integers(0, 2 * 10 ** 7),
+       err=st.one_of(st.just(-1.0), st.floats(0, 10 ** 4)))
 def test_leaves_ahead_in_c_follows_the_rule(first, span, counted, covered,
-                                            leaves, records):
+                                            leaves, records, err):
     """The lanes' rule (C, in doubles) gives what the rule gives in Python
-    floats wherever the window lies before the tree's end."""
+    floats wherever the window lies before the tree's end: a margin of
+    1/32 and two leaves, narrowed to twice the error measured before and
+    two leaves where that is less."""
     want = _leaves_ahead_spec(first, first + span, counted, covered, leaves,
-                              records)
+                              records, err)
     if want[0] > leaves:
         return   # (past every leaf: C stops at the last, reading nothing)
     assert reader_mod.leaves_ahead(first, first + span, counted, covered,
-                                   leaves, records) == want
+                                   leaves, records, err) == want
+
+
+@given(first=st.integers(0, 10 ** 6), span=st.integers(0, 10 ** 5),
+       counted=st.integers(0, 10 ** 4), covered=st.integers(0, 10 ** 6),
+       leaves=st.integers(1, 2 * 10 ** 4), records=st.integers(1, 2 * 10 ** 6),
+       shift=st.integers(-50, 50))
+def test_leaves_ahead_error_is_the_distance_to_the_true_leaves(
+        first, span, counted, covered, leaves, records, shift):
+    """The error the lanes keep: how far the expectation (before its
+    margin) lay from the leaves that hold the window, at either end; where
+    the margin narrows to it (2 err + 2), it covers those leaves again."""
+    last = first + span
+    got = reader_mod.leaves_ahead_error(first, last, counted, covered, leaves,
+                                        records, 0, 0)
+    if counted >= leaves or covered >= records:
+        assert got == -1
+        return
+    per = (leaves - counted) / (records - covered)
+    a = counted + (first - covered) * per
+    b = counted + (last + 1 - covered) * per
+    true_lo = max(0, int(a) + shift)
+    true_hi = max(true_lo, int(b) + shift)
+    err = reader_mod.leaves_ahead_error(first, last, counted, covered, leaves,
+                                        records, true_lo, true_hi)
+    assert err == pytest.approx(max(abs(a - true_lo), abs(b - true_hi)))
+    lo, hi = reader_mod.leaves_ahead(first, last, counted, covered, leaves,
+                                     records, err)
+    if counted <= true_lo and true_hi <= leaves and \
+            2 * err + 2 <= (b - a) / 32 + 2:   # (the narrowed margin)
+        assert lo <= true_lo and true_hi <= hi
 
 
 @pytest.mark.parametrize("scattered", [False, True])

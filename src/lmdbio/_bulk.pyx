@@ -1159,19 +1159,33 @@ def checksum(data, uint64_t seed=0):
 
 
 def leaves_ahead(first_ord, last_ord, uint64_t counted, uint64_t covered,
-                 uint64_t leaves, uint64_t records):
+                 uint64_t leaves, uint64_t records, double err=-1):
     """The leaves [lo, hi) that a window of a first start in key order
     (ordinals first_ord..last_ord) will count, expected from the index as
     it stood before the window ahead of it counted (`counted` leaves
-    holding `covered` records): lio_leaves_ahead, the rule the window
-    pipeline's lanes follow.  An empty window (last_ord < first_ord)
-    expects none."""
+    holding `covered` records), its margin narrowed to what the windows
+    before erred (`err` leaves, leaves_ahead_error; -1: not known):
+    lio_leaves_ahead, the rule the window pipeline's lanes follow.  An
+    empty window (last_ord < first_ord) expects none."""
     cdef uint64_t lo = 0, hi = 0
     if last_ord < first_ord:
         return counted, counted
     lio_leaves_ahead(first_ord, last_ord, counted, covered, leaves, records,
-                     &lo, &hi)
+                     err, &lo, &hi)
     return lo, hi
+
+
+def leaves_ahead_error(first_ord, last_ord, uint64_t counted,
+                       uint64_t covered, uint64_t leaves, uint64_t records,
+                       uint64_t true_lo, uint64_t true_hi):
+    """How many leaves leaves_ahead's expectation (before its margin) for
+    ordinals first_ord..last_ord lay from the leaves [true_lo, true_hi)
+    that hold them; -1 where it expects none.  The lanes keep the largest
+    for the margins of the windows after (lio_leaves_ahead_error)."""
+    if last_ord < first_ord:
+        return -1.0
+    return lio_leaves_ahead_error(first_ord, last_ord, counted, covered,
+                                  leaves, records, true_lo, true_hi)
 
 
 def plan_reads(offsets, lengths, size_t max_gap, size_t max_read):

@@ -351,7 +351,12 @@ cdef extern from "lmdbio.h" nogil:
         uint64_t max_ahead
     void lio_leaves_ahead(uint64_t first_ord, uint64_t last_ord,
                           uint64_t counted, uint64_t covered, uint64_t leaves,
-                          uint64_t records, uint64_t *lo, uint64_t *hi)
+                          uint64_t records, double err, uint64_t *lo,
+                          uint64_t *hi)
+    double lio_leaves_ahead_error(uint64_t first_ord, uint64_t last_ord,
+                                  uint64_t counted, uint64_t covered,
+                                  uint64_t leaves, uint64_t records,
+                                  uint64_t true_lo, uint64_t true_hi)
     int lio_pipeline_start(lio_pipeline **out, const lio_pipeline_cfg *cfg,
                            lio_error *err)
     int lio_pipeline_next(lio_pipeline *p, lio_window *w)

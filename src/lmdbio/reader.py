@@ -21,8 +21,8 @@ import numpy.random  # noqa: F401
 
 from lmdbio._bulk import BulkFile, checksum, gather
 # the rule of a first start's reads ahead of its counting (the C lanes'
-# own, which the Python lanes and the scale model follow too)
-from lmdbio._bulk import leaves_ahead  # noqa: F401
+# own, which the scale model follows too)
+from lmdbio._bulk import leaves_ahead, leaves_ahead_error  # noqa: F401
 from lmdbio._state import check_state
 from lmdbio.errors import (Error, CorruptedError, PageNotFoundError,
                            SnapshotChangedError, forked_error, make_error)
