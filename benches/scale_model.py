@@ -413,6 +413,14 @@ def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
     if sel.any():
         run = np.unique(ov[sel])                 # each run read once
         vs = _vsize_of(layout, run)
+        if leaf_reads:
+            # (bulk.c load_leaves, fill: a value whole in the holes a leaf
+            # read bridged is copied from there, not read again)
+            span = np.asarray(leaf_reads, dtype=np.int64)
+            at = np.searchsorted(span[:, 0], run * ps, side="right") - 1
+            bridged = (at >= 0) & (run * ps + PAGEHDRSZ + vs <=
+                                   span[at, 0] + span[at, 1])
+            run, vs = run[~bridged], vs[~bridged]
         o = np.empty(2 * len(run), dtype=np.int64)
         ln = np.empty(2 * len(run), dtype=np.int64)
         o[0::2] = run * ps

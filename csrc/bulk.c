@@ -34,6 +34,12 @@ typedef struct rec {
     uint8_t *vdst;            /* where fill puts the value */
 } rec;
 
+typedef struct kept_gap {
+    uint64_t off;
+    size_t len;
+    const uint8_t *at;
+} kept_gap;
+
 struct lio_bulk {
     lio_env *env;
     lio_meta snap;
@@ -53,6 +59,13 @@ struct lio_bulk {
     size_t leafbuf_pages;
     const uint8_t **slotp;    /* each slot's leaf: in leafbuf or the index */
     size_t leaves_read;       /* of them, read (not in the index) */
+    /* the pages between two of them that their reads bridged, kept where
+     * the tree has overflow values: those are mostly its values, which
+     * fill then copies rather than reads again (file offset order) */
+    kept_gap *gaps;
+    size_t ngaps, gaps_cap;
+    uint8_t *gapbuf;
+    size_t gapbuf_cap;
     /* leaves pre_lo .. pre_lo+pre_n-1 (index positions), as the last
      * lio_bulk_extend read them to count them: the next prepare (only)
      * takes them from here */
@@ -356,6 +369,8 @@ void lio_bulk_close(lio_bulk *b)
     lio_plan_free(&b->plan);
     free(b->leaves);
     free(b->leafbuf);
+    free(b->gapbuf);
+    free(b->gaps);
     free(b->slotp);
     free(b->recs);
     free(b->arena);
@@ -379,6 +394,41 @@ static int kept(const lio_bulk *b, uint64_t leaf)
     return leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n;
 }
 
+/* Room for the gaps load_leaves's reads may bridge between the leaves it
+ * reads (pages in by_page order): at most one a leaf, each within the
+ * plan's max_gap, kept only where the tree has overflow values (no other
+ * page between leaves is of use to fill).  Sized before planning: the
+ * plan holds pointers into it. */
+static int make_gap_room(lio_bulk *b, const size_t *by_page)
+{
+    const lio_index *idx = b->idx;
+    uint64_t psize = b->env->psize, prev = 0, room = 0;
+    size_t nread = 0;
+    if (!b->db.overflow_pages || !b->plan.max_gap)
+        return LIO_SUCCESS;
+    for (size_t i = 0; i < b->nleaves; i++) {
+        uint64_t leaf = b->leaves[by_page[i]], pg = idx->leaf_pgno[leaf];
+        if ((idx->leafmem && idx->leaf_ok[leaf]) || kept(b, leaf))
+            continue;
+        if (nread++ && pg > prev + 1 &&
+            (pg - prev - 1) * psize <= b->plan.max_gap)
+            room += (pg - prev - 1) * psize;
+        prev = pg;
+    }
+    if (room > b->gapbuf_cap) {
+        uint8_t *nb;
+        if (posix_memalign((void **)&nb, 4096, (size_t)room))
+            return oom(b);
+        free(b->gapbuf);
+        b->gapbuf = nb;
+        b->gapbuf_cap = (size_t)room;
+    }
+    if (lio_grow((void **)&b->gaps, &b->gaps_cap, nread ? nread : 1,
+                 sizeof *b->gaps))
+        return oom(b);
+    return LIO_SUCCESS;
+}
+
 static int load_leaves(lio_bulk *b)
 {
     lio_env *env = b->env;
@@ -388,6 +438,7 @@ static int load_leaves(lio_bulk *b)
     size_t nread = 0, npre = 0;
     int rc;
 
+    b->ngaps = 0;
     if (b->nleaves > b->leafbuf_pages) {
         uint8_t *nb;
         const uint8_t **np;
@@ -433,9 +484,11 @@ static int load_leaves(lio_bulk *b)
         }
         free(keyed);
     }
+    if ((rc = make_gap_room(b, by_page)))
+        goto out;
     lio_plan_reset(&b->plan);
     for (size_t i = 0; i < b->nleaves; i++) {
-        size_t slot = by_page[i];
+        size_t slot = by_page[i], gap, used = 0;
         uint64_t leaf = b->leaves[slot], pg = idx->leaf_pgno[leaf];
         if (idx->leafmem && idx->leaf_ok[leaf]) {
             b->slotp[slot] = idx->leafmem + leaf * env->psize;
@@ -450,11 +503,22 @@ static int load_leaves(lio_bulk *b)
         if ((rc = lio_check_extent(env, pg * env->psize, env->psize, pg,
                                    &b->err)))
             goto out;
-        if ((rc = lio_plan_add(&b->plan, pg * env->psize,
-                               b->leafbuf + slot * env->psize, env->psize))) {
+        if (b->ngaps)
+            used = (size_t)(b->gaps[b->ngaps - 1].at - b->gapbuf) +
+                   b->gaps[b->ngaps - 1].len;
+        if ((rc = lio_plan_add_keeping_gap(
+                 &b->plan, pg * env->psize, b->leafbuf + slot * env->psize,
+                 env->psize, b->gapbuf ? b->gapbuf + used : NULL,
+                 b->gapbuf_cap - used, &gap))) {
             rc = lio_fail(&b->err, rc, pg, "page %llu: cannot plan its read",
                           (unsigned long long)pg);
             goto out;
+        }
+        if (gap) {   /* (at most one a leaf: make_gap_room made room) */
+            kept_gap *g = &b->gaps[b->ngaps++];
+            g->off = pg * env->psize - gap;
+            g->len = gap;
+            g->at = b->gapbuf + used;
         }
         pages[nread++] = pg;
     }
@@ -479,6 +543,8 @@ static int load_leaves(lio_bulk *b)
     }
     rc = LIO_SUCCESS;
 out:
+    if (rc)
+        b->ngaps = 0;   /* (what a failed read left there is no value) */
     free(by_page);
     free(pages);
     return rc;
@@ -1192,12 +1258,23 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
     if (b->region)
         advise_mapped(b, nov);
     lio_plan_reset(&b->plan);
-    for (size_t j = 0; j < nov; j++) {
+    for (size_t j = 0, g = 0; j < nov; j++) {
         size_t i = (size_t)b->ov_order[2 * j + 1];
         rec *r = &b->recs[i];
         uint64_t off = b->ov_order[2 * j];
         if (j && b->ov_order[2 * (j - 1)] == off)
             continue; /* the same record twice: copied after the reads */
+        if (!r->at && b->ngaps) {   /* read already, between two leaves? */
+            while (g < b->ngaps && b->gaps[g].off + b->gaps[g].len <= off)
+                g++;
+            if (g < b->ngaps && b->gaps[g].off <= off &&
+                PAGEHDRSZ + r->vsize <= b->gaps[g].off + b->gaps[g].len - off) {
+                const uint8_t *at = b->gaps[g].at + (off - b->gaps[g].off);
+                memcpy(b->ov_hdr + j * PAGEHDRSZ, at, PAGEHDRSZ);
+                memcpy(r->vdst, at + PAGEHDRSZ, (size_t)r->vsize);
+                continue;
+            }
+        }
         if (r->at) {  /* the key (if wanted), then the value after it */
             if ((r->kdst && (rc = lio_plan_add(&b->plan, off, r->kdst,
                                                r->ksize))) ||

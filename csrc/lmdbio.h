@@ -380,6 +380,13 @@ void lio_plan_free(lio_plan *plan);
  * ascending order; a request that starts at or shortly after the previous
  * one's end joins that read. */
 int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len);
+/* lio_plan_add, but a gap the request bridges is read into gap_dst where
+ * it fits in gap_room bytes (else into the sink, as always): *gap its
+ * length, or 0 where none was kept.  For a maker that can use the bytes
+ * the storage reads anyway. */
+int lio_plan_add_keeping_gap(lio_plan *plan, uint64_t off, uint8_t *dst,
+                             size_t len, uint8_t *gap_dst, size_t gap_room,
+                             size_t *gap);
 
 /* Advice an executor may pass on to the storage's cache. */
 #define LIO_ADVISE_WILLNEED 1    /* fetch this range soon, in large reads */

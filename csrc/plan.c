@@ -59,8 +59,11 @@ static int add_seg(lio_plan *plan, uint8_t *dst, size_t len)
     return 0;
 }
 
-int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
+int lio_plan_add_keeping_gap(lio_plan *plan, uint64_t off, uint8_t *dst,
+                             size_t len, uint8_t *gap_dst, size_t gap_room,
+                             size_t *gap)
 {
+    *gap = 0;
     if (len == 0)
         return 0;
     if (plan->nreads) {
@@ -72,8 +75,13 @@ int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
             r->len + (off - end) + len <= plan->max_read &&
             r->nseg + 2 <= MAX_SEGS_PER_READ) {
             int rc = 0;
-            if (off > end)
-                rc = add_seg(plan, plan->sink, (size_t)(off - end));
+            if (off > end) {
+                size_t g = (size_t)(off - end);
+                int keep = gap_dst && g <= gap_room;
+                rc = add_seg(plan, keep ? gap_dst : plan->sink, g);
+                if (keep && !rc)
+                    *gap = g;
+            }
             return rc ? rc : add_seg(plan, dst, len);
         }
     }
@@ -86,4 +94,10 @@ int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
     plan->reads[plan->nreads].len = 0;
     plan->nreads++;
     return add_seg(plan, dst, len);
+}
+
+int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
+{
+    size_t gap;
+    return lio_plan_add_keeping_gap(plan, off, dst, len, NULL, 0, &gap);
 }
