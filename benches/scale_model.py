@@ -70,6 +70,7 @@ LEAVES_HELD = 128 << 20       # lmdbio.reader._LEAVES_HELD
 LOAD_CHUNK = 2048             # csrc/index.c: leaves per round of holding them
 EXTEND_ROUND = 8 << 20        # csrc/bulk.c: bytes of leaves a counting round
 EXTEND_KEPT = 32 << 20        # csrc/bulk.c: counted leaves kept for a window
+GAPS_KEPT_MAX = 16 << 20      # csrc/bulk.c: bridged pages kept, a store
 RECMAP_PER_LEAF = 8           # csrc/lmdbio.h LIO_RECMAP_PER_LEAF
 NODEHDRSZ = 8
 FUSE_MAX_REQUEST = 128 << 10  # libfuse 2: the kernel splits reads to this
@@ -373,6 +374,60 @@ def mapped_records(layout, ords):
     return (2 * cnt <= per_leaf)[inv] & (layout.ovpg[ords] == 0)
 
 
+class GapStore:
+    """csrc/bulk.c's gap_store: the holes that reads of leaves bridged,
+    kept where the tree has overflow values, so that a value lying whole in
+    one is copied from there, not read (a read's holes are kept when all
+    it may bridge fits in GAPS_KEPT_MAX with what is kept already)."""
+
+    def __init__(self, layout, pol):
+        self.ps = layout.psize
+        self.max_gap = pol.max_gap
+        self.on = bool((layout.ovpg > 0).any()) and pol.max_gap > 0
+        self.reset()
+
+    def reset(self):
+        self.off, self.len, self.used = [], [], 0
+
+    def keep(self, pages, reads):
+        """Leaf pages (ascending) read by `reads` (_leaf_reads)."""
+        if not self.on or len(pages) < 2:
+            return
+        pages = np.asarray(pages, dtype=np.int64)
+        d = np.diff(pages) - 1
+        can = (d > 0) & (d * self.ps <= self.max_gap)
+        bound = int((d[can] * self.ps).sum())
+        if not bound or bound > GAPS_KEPT_MAX - self.used:
+            return
+        starts = np.asarray([r[0] for r in reads], dtype=np.int64)
+        read_of = np.searchsorted(starts, pages * self.ps, side="right") - 1
+        held = can & (read_of[1:] == read_of[:-1])   # bridged by one read
+        off = (pages[:-1][held] + 1) * self.ps
+        ln = d[held] * self.ps
+        if self.off and len(off) and off[0] < self.off[-1]:
+            order = np.argsort(np.r_[self.off, off], kind="stable")
+            self.off = np.r_[self.off, off][order].tolist()
+            self.len = np.r_[self.len, ln][order].tolist()
+        else:
+            self.off += off.tolist()
+            self.len += ln.tolist()
+        self.used += int(ln.sum())
+
+    def holds(self, off, length):
+        """Whether the last hole starting at or before each offset holds
+        [off, off + length) whole (gap_holding)."""
+        off = np.asarray(off, dtype=np.int64)
+        if not self.off:
+            return np.zeros(len(off), dtype=bool)
+        starts = np.asarray(self.off, dtype=np.int64)
+        lens = np.asarray(self.len, dtype=np.int64)
+        at = np.searchsorted(starts, off, side="right") - 1
+        ok = at >= 0
+        at = np.maximum(at, 0)
+        inside = off - starts[at]
+        return ok & (inside < lens[at]) & (length <= lens[at] - inside)
+
+
 def _leaf_reads(layout, pol, leaves):
     """The reads of these leaves (index positions, ascending) into
     consecutive slots of one buffer: in page order, neighbours in one
@@ -387,13 +442,14 @@ def _leaf_reads(layout, pol, leaves):
 
 
 def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
-              counted=(0, 0)):
+              counted=(0, 0), kept_gaps=None):
     """The reads of one Reader step (a batch, or a window): leaves (none
     when the Reader holds them: held; none of the leaves counted=(lo, hi)
     that the step's counting read just before), then overflow runs and
     (mapped: the index keeps the record map) the records read straight from
-    sparse leaves, in one plan.  Returns (leaf reads, overflow and record
-    reads)."""
+    sparse leaves, in one plan; a value that lies whole in a hole the leaf
+    reads bridged, or that the counting's reads did (kept_gaps), is not
+    read.  Returns (leaf reads, overflow and record reads)."""
     ps = layout.psize
     ords = np.asarray(ordinals, dtype=np.int64)
     if len(ords) == 0:
@@ -413,14 +469,14 @@ def plan_step(layout, ordinals, pol, mapped=False, keys=True, held=False,
     if sel.any():
         run = np.unique(ov[sel])                 # each run read once
         vs = _vsize_of(layout, run)
-        if leaf_reads:
-            # (bulk.c load_leaves, fill: a value whole in the holes a leaf
-            # read bridged is copied from there, not read again)
-            span = np.asarray(leaf_reads, dtype=np.int64)
-            at = np.searchsorted(span[:, 0], run * ps, side="right") - 1
-            bridged = (at >= 0) & (run * ps + PAGEHDRSZ + vs <=
-                                   span[at, 0] + span[at, 1])
-            run, vs = run[~bridged], vs[~bridged]
+        # (bulk.c load_leaves, fill: from the pages read already)
+        gaps = GapStore(layout, pol)
+        gaps.keep(np.sort(layout.leaf_pgno[leaves].astype(np.int64)),
+                  leaf_reads)
+        read = ~gaps.holds(run * ps, PAGEHDRSZ + vs)
+        if kept_gaps is not None:
+            read &= ~kept_gaps.holds(run * ps, PAGEHDRSZ + vs)
+        run, vs = run[read], vs[read]
         o = np.empty(2 * len(run), dtype=np.int64)
         ln = np.empty(2 * len(run), dtype=np.int64)
         o[0::2] = run * ps
@@ -593,25 +649,38 @@ def reader_counts_leaves(layout, job, rank, engine="posix"):
         _whole_index(layout, job, rank)
 
 
-def read_ahead(layout, pol, lo, hi):
+def _kept_reads(layout, pol, leaves, gaps):
+    """csrc/bulk.c read_kept: the reads of these leaves, their holes kept
+    in gaps (a GapStore, or None)."""
+    reads = _leaf_reads(layout, pol, leaves)
+    if gaps is not None:
+        gaps.keep(np.sort(layout.leaf_pgno[leaves].astype(np.int64)), reads)
+    return reads
+
+
+def read_ahead(layout, pol, lo, hi, gaps=None):
     """csrc/bulk.c lio_bulk_read_leaves: leaves lo..hi-1 (at most
-    EXTEND_KEPT bytes of them) read ahead of a window's turn.  Returns
-    (reads, (lo, hi) kept)."""
+    EXTEND_KEPT bytes of them) read ahead of a window's turn, kept anew
+    (gaps: their GapStore).  Returns (reads, (lo, hi) kept)."""
     kept_max = max(1, EXTEND_KEPT // layout.psize)
     hi = min(hi, layout.n_leaves, lo + kept_max)
+    if gaps is not None:
+        gaps.reset()
     if lo >= hi:
         return [], (lo, lo)
-    return _leaf_reads(layout, pol, np.arange(lo, hi)), (lo, hi)
+    return _kept_reads(layout, pol, np.arange(lo, hi), gaps), (lo, hi)
 
 
-def count_rounds(layout, pol, counted, need, keep=True, ahead=None):
+def count_rounds(layout, pol, counted, need, keep=True, ahead=None,
+                 gaps=None):
     """The reads of counting a begun index's leaves from `counted` until
     they hold ordinal `need` (csrc/bulk.c lio_bulk_extend): rounds of the
     leaves the records wanted take at the average left, one more, at most
     EXTEND_ROUND bytes; a round of leaves read ahead (ahead: their (lo,
     hi), read_ahead) is counted from memory, any other read in page order,
-    neighbours in one request, as a step's leaves.  Returns (reads, leaves
-    counted now, (lo, hi) the leaves kept for the step)."""
+    neighbours in one request, as a step's leaves (gaps: the GapStore of
+    the leaves kept).  Returns (reads, leaves counted now, (lo, hi) the
+    leaves kept for the step)."""
     ps = layout.psize
     L, total = layout.n_leaves, layout.n_records
     first = layout.first
@@ -636,11 +705,15 @@ def count_rounds(layout, pol, counted, need, keep=True, ahead=None):
             continue
         if not keep or pre_lo + pre_n != n or pre_n + k > kept_max:
             pre_lo, pre_n = n, 0
-        reads.extend(_leaf_reads(layout, pol, np.arange(n, n + k)))
+            if gaps is not None:
+                gaps.reset()
+        reads.extend(_kept_reads(layout, pol, np.arange(n, n + k), gaps))
         n += k
         pre_n += k
     if not keep:
         pre_n = 0
+        if gaps is not None:
+            gaps.reset()
     return reads, n, (pre_lo, pre_lo + pre_n)
 
 
@@ -732,6 +805,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
     for i in picked:
         parts = []
         kept = (0, 0)
+        kept_gaps = None
         if counting and not random_access and len(steps[i]):
             # (Reader._iter_windows count_in_turn: from the second window
             # on, read ahead from the index as two windows back had it)
@@ -739,6 +813,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
                 raise ValueError("a first start that counts its leaves is "
                                  "replayed whole (sample=None)")
             ahead = None
+            kept_gaps = GapStore(layout, pol)   # (a step's own)
             basis = after[i - 2] if i >= 2 else after[-1]
             lo_ord, hi_ord = int(steps[i][0]), int(steps[i][-1])
             expects = i and basis[0] < layout.n_leaves
@@ -746,10 +821,11 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
                 lo, hi = leaves_ahead(lo_ord, hi_ord, basis[0], basis[1],
                                       layout.n_leaves, layout.n_records,
                                       basis[2])
-                extra, ahead = read_ahead(layout, pol, lo, hi)
+                extra, ahead = read_ahead(layout, pol, lo, hi, kept_gaps)
                 parts.append(extra)
             extra, counted_to, kept = count_rounds(
-                layout, pol, counted_to, int(np.max(steps[i])), ahead=ahead)
+                layout, pol, counted_to, int(np.max(steps[i])), ahead=ahead,
+                gaps=kept_gaps)
             parts.append(extra)
             if expects and lo_ord <= hi_ord:
                 # (count_in_turn: how far the expectation fell from the
@@ -761,7 +837,7 @@ def model_lmdbio_rank(layout, job, pol, rank, engine="posix",
                     layout.n_records, int(leaf[0]), int(leaf[1]) + 1))
             after[i] = (counted_to, int(layout.first[counted_to]), err_max)
         parts.extend(plan_step(layout, steps[i], pol, mapped, held=held,
-                               counted=kept))
+                               counted=kept, kept_gaps=kept_gaps))
         for part in parts:
             if not part:
                 continue

@@ -34,11 +34,16 @@ typedef struct rec {
     uint8_t *vdst;            /* where fill puts the value */
 } rec;
 
-typedef struct kept_gap {
-    uint64_t off;
-    size_t len;
-    const uint8_t *at;
-} kept_gap;
+/* Pages a read of leaves bridged between two of them, kept where the
+ * tree has overflow values: those are mostly its values, which fill then
+ * copies rather than reads again.  list: (file offset, length, offset in
+ * buf) triples, sorted by file offset. */
+typedef struct gap_store {
+    uint64_t *list;
+    size_t n, cap;
+    uint8_t *buf;
+    size_t used, room;
+} gap_store;
 
 struct lio_bulk {
     lio_env *env;
@@ -59,19 +64,16 @@ struct lio_bulk {
     size_t leafbuf_pages;
     const uint8_t **slotp;    /* each slot's leaf: in leafbuf or the index */
     size_t leaves_read;       /* of them, read (not in the index) */
-    /* the pages between two of them that their reads bridged, kept where
-     * the tree has overflow values: those are mostly its values, which
-     * fill then copies rather than reads again (file offset order) */
-    kept_gap *gaps;
-    size_t ngaps, gaps_cap;
-    uint8_t *gapbuf;
-    size_t gapbuf_cap;
+    gap_store gaps;           /* bridged by the reads of these leaves */
     /* leaves pre_lo .. pre_lo+pre_n-1 (index positions), as the last
      * lio_bulk_extend read them to count them: the next prepare (only)
      * takes them from here */
     uint8_t *pre;
     uint64_t pre_lo, pre_n, pre_cap;
     uint8_t *pre_ok;          /* kept leaves the count checked whole */
+    gap_store pre_gaps;       /* bridged by the reads of kept leaves: the
+                               * step after them only, as those leaves */
+    int pre_gaps_served;
     /* records of the current batch */
     rec *recs;
     size_t nrecs, recs_cap;
@@ -100,6 +102,13 @@ struct lio_bulk {
     size_t advised_bytes;
     uint64_t advised_count;   /* bits set: all of the file's = nothing to do */
 };
+
+static void gaps_free(gap_store *g)
+{
+    free(g->list);
+    free(g->buf);
+    memset(g, 0, sizeof *g);
+}
 
 static int oom(lio_bulk *b)
 {
@@ -369,8 +378,8 @@ void lio_bulk_close(lio_bulk *b)
     lio_plan_free(&b->plan);
     free(b->leaves);
     free(b->leafbuf);
-    free(b->gapbuf);
-    free(b->gaps);
+    gaps_free(&b->gaps);
+    gaps_free(&b->pre_gaps);
     free(b->slotp);
     free(b->recs);
     free(b->arena);
@@ -394,39 +403,79 @@ static int kept(const lio_bulk *b, uint64_t leaf)
     return leaf >= b->pre_lo && leaf - b->pre_lo < b->pre_n;
 }
 
-/* Room for the gaps load_leaves's reads may bridge between the leaves it
- * reads (pages in by_page order): at most one a leaf, each within the
- * plan's max_gap, kept only where the tree has overflow values (no other
- * page between leaves is of use to fill).  Sized before planning: the
- * plan holds pointers into it. */
-static int make_gap_room(lio_bulk *b, const size_t *by_page)
+/* The most a gap store holds (beside the leaves read with it). */
+#define GAPS_KEPT_MAX (16u << 20)
+
+/* The bytes a read of leaf page pg right after page prev (ascending,
+ * both planned) bridges, or 0. */
+static uint64_t bridged(const lio_bulk *b, uint64_t prev, uint64_t pg)
 {
-    const lio_index *idx = b->idx;
-    uint64_t psize = b->env->psize, prev = 0, room = 0;
-    size_t nread = 0;
-    if (!b->db.overflow_pages || !b->plan.max_gap)
-        return LIO_SUCCESS;
-    for (size_t i = 0; i < b->nleaves; i++) {
-        uint64_t leaf = b->leaves[by_page[i]], pg = idx->leaf_pgno[leaf];
-        if ((idx->leafmem && idx->leaf_ok[leaf]) || kept(b, leaf))
-            continue;
-        if (nread++ && pg > prev + 1 &&
-            (pg - prev - 1) * psize <= b->plan.max_gap)
-            room += (pg - prev - 1) * psize;
-        prev = pg;
+    uint64_t psize = b->env->psize;
+    return pg > prev + 1 && pg - prev - 1 <= b->plan.max_gap / psize
+           ? (pg - prev - 1) * psize : 0;
+}
+
+/* Room in g for `bytes` more of gaps, at most `n` more of them, made
+ * before planning (the plan points into it); 0: keep none this time (the
+ * tree has no overflow value, or the gaps would outgrow GAPS_KEPT_MAX). */
+static gap_store *gaps_room(lio_bulk *b, gap_store *g, uint64_t bytes,
+                            size_t n)
+{
+    if (!b->db.overflow_pages || !bytes ||
+        bytes > GAPS_KEPT_MAX - g->used)
+        return NULL;
+    if (g->used + bytes > g->room) {
+        uint8_t *nb = realloc(g->buf, g->used + (size_t)bytes);
+        if (!nb)
+            return NULL;   /* (read them into the sink, as ever) */
+        g->buf = nb;
+        g->room = g->used + (size_t)bytes;
     }
-    if (room > b->gapbuf_cap) {
-        uint8_t *nb;
-        if (posix_memalign((void **)&nb, 4096, (size_t)room))
-            return oom(b);
-        free(b->gapbuf);
-        b->gapbuf = nb;
-        b->gapbuf_cap = (size_t)room;
+    if (lio_grow((void **)&g->list, &g->cap, 3 * (g->n + n),
+                 sizeof *g->list))
+        return NULL;
+    return g;
+}
+
+/* Plan the read of leaf page pg into dst, keeping in g (if any) the gap
+ * it bridges. */
+static int plan_leaf(lio_bulk *b, gap_store *g, uint64_t pg, uint8_t *dst)
+{
+    uint64_t psize = b->env->psize;
+    size_t gap;
+    int rc = lio_plan_add_keeping_gap(&b->plan, pg * psize, dst, psize,
+                                      g ? g->buf + g->used : NULL,
+                                      g ? g->room - g->used : 0, &gap);
+    if (rc)
+        return lio_fail(&b->err, rc, pg, "page %llu: cannot plan its read",
+                        (unsigned long long)pg);
+    if (gap) {
+        uint64_t *t = g->list + 3 * g->n++;
+        t[0] = pg * psize - gap;
+        t[1] = gap;
+        t[2] = g->used;
+        g->used += gap;
     }
-    if (lio_grow((void **)&b->gaps, &b->gaps_cap, nread ? nread : 1,
-                 sizeof *b->gaps))
-        return oom(b);
     return LIO_SUCCESS;
+}
+
+/* Where g holds file bytes [off, off + len), or NULL. */
+static const uint8_t *gap_holding(const gap_store *g, uint64_t off,
+                                  uint64_t len)
+{
+    size_t lo = 0, hi = g->n;
+    while (hi - lo > 1) {   /* the last gap starting at or before off */
+        size_t mid = (lo + hi) / 2;
+        if (g->list[3 * mid] <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    if (!g->n || g->list[3 * lo] > off ||
+        off - g->list[3 * lo] >= g->list[3 * lo + 1] ||
+        len > g->list[3 * lo + 1] - (off - g->list[3 * lo]))
+        return NULL;
+    return g->buf + g->list[3 * lo + 2] + (off - g->list[3 * lo]);
 }
 
 static int load_leaves(lio_bulk *b)
@@ -436,9 +485,10 @@ static int load_leaves(lio_bulk *b)
     size_t *by_page;
     uint64_t *pages;
     size_t nread = 0, npre = 0;
+    gap_store *gaps;
     int rc;
 
-    b->ngaps = 0;
+    b->gaps.n = b->gaps.used = 0;
     if (b->nleaves > b->leafbuf_pages) {
         uint8_t *nb;
         const uint8_t **np;
@@ -484,11 +534,22 @@ static int load_leaves(lio_bulk *b)
         }
         free(keyed);
     }
-    if ((rc = make_gap_room(b, by_page)))
-        goto out;
+    {   /* room for the gaps the leaves' reads bridge */
+        uint64_t bytes = 0, prev = 0;
+        size_t nplan = 0;
+        for (size_t i = 0; i < b->nleaves; i++) {
+            uint64_t leaf = b->leaves[by_page[i]], pg = idx->leaf_pgno[leaf];
+            if ((idx->leafmem && idx->leaf_ok[leaf]) || kept(b, leaf))
+                continue;
+            if (nplan++)
+                bytes += bridged(b, prev, pg);
+            prev = pg;
+        }
+        gaps = gaps_room(b, &b->gaps, bytes, nplan);
+    }
     lio_plan_reset(&b->plan);
     for (size_t i = 0; i < b->nleaves; i++) {
-        size_t slot = by_page[i], gap, used = 0;
+        size_t slot = by_page[i];
         uint64_t leaf = b->leaves[slot], pg = idx->leaf_pgno[leaf];
         if (idx->leafmem && idx->leaf_ok[leaf]) {
             b->slotp[slot] = idx->leafmem + leaf * env->psize;
@@ -503,23 +564,8 @@ static int load_leaves(lio_bulk *b)
         if ((rc = lio_check_extent(env, pg * env->psize, env->psize, pg,
                                    &b->err)))
             goto out;
-        if (b->ngaps)
-            used = (size_t)(b->gaps[b->ngaps - 1].at - b->gapbuf) +
-                   b->gaps[b->ngaps - 1].len;
-        if ((rc = lio_plan_add_keeping_gap(
-                 &b->plan, pg * env->psize, b->leafbuf + slot * env->psize,
-                 env->psize, b->gapbuf ? b->gapbuf + used : NULL,
-                 b->gapbuf_cap - used, &gap))) {
-            rc = lio_fail(&b->err, rc, pg, "page %llu: cannot plan its read",
-                          (unsigned long long)pg);
+        if ((rc = plan_leaf(b, gaps, pg, b->leafbuf + slot * env->psize)))
             goto out;
-        }
-        if (gap) {   /* (at most one a leaf: make_gap_room made room) */
-            kept_gap *g = &b->gaps[b->ngaps++];
-            g->off = pg * env->psize - gap;
-            g->len = gap;
-            g->at = b->gapbuf + used;
-        }
         pages[nread++] = pg;
     }
     b->leaves_read = nread + npre;
@@ -543,8 +589,8 @@ static int load_leaves(lio_bulk *b)
     }
     rc = LIO_SUCCESS;
 out:
-    if (rc)
-        b->ngaps = 0;   /* (what a failed read left there is no value) */
+    if (rc)   /* (what a failed read left there is no value) */
+        b->gaps.n = b->gaps.used = 0;
     free(by_page);
     free(pages);
     return rc;
@@ -804,7 +850,9 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
                      uint64_t *keyed)
 {
     const uint64_t *pgno = b->idx->leaf_pgno + first;
-    uint64_t psize = b->env->psize;
+    uint64_t psize = b->env->psize, bytes = 0;
+    gap_store *gaps;
+    size_t had;
     int sorted = 1, rc;
     if (keep_room(b, at + k))
         return oom(b);
@@ -817,15 +865,30 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
     }
     if (!sorted)
         lio_sort_u64(keyed, k, 2);
+    if (!at) {   /* (kept anew: so are the gaps) */
+        b->pre_gaps.n = b->pre_gaps.used = 0;
+        b->pre_gaps_served = 0;
+    }
+    for (uint64_t j = 1; j < k; j++)
+        bytes += bridged(b, keyed[2 * j - 2], keyed[2 * j]);
+    gaps = gaps_room(b, &b->pre_gaps, bytes, (size_t)k);
+    had = b->pre_gaps.n;
     lio_plan_reset(&b->plan);
     for (uint64_t j = 0; j < k; j++) {
         uint64_t pg = keyed[2 * j];
         uint8_t *dst = b->pre + (at + keyed[2 * j + 1]) * psize;
-        if ((rc = lio_plan_add(&b->plan, pg * psize, dst, psize)))
-            return lio_fail(&b->err, rc, pg, "page %llu: cannot plan its "
-                            "read", (unsigned long long)pg);
+        if ((rc = plan_leaf(b, gaps, pg, dst)))
+            goto fail;
     }
-    return run_plan(b);
+    if ((rc = run_plan(b)))
+        goto fail;
+    if (had && b->pre_gaps.n > had &&
+        b->pre_gaps.list[3 * had] < b->pre_gaps.list[3 * had - 3])
+        lio_sort_u64(b->pre_gaps.list, b->pre_gaps.n, 3);
+    return LIO_SUCCESS;
+fail:   /* (what a failed read left there is no value) */
+    b->pre_gaps.n = b->pre_gaps.used = 0;
+    return rc;
 }
 
 static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep);
@@ -917,8 +980,10 @@ static int extend(lio_bulk *b, lio_index *idx, uint64_t need, int keep)
     }
 out:
     free(keyed);
-    if (!keep || rc)
+    if (!keep || rc) {
         b->pre_n = 0;
+        b->pre_gaps.n = b->pre_gaps.used = 0;   /* (as the leaves) */
+    }
     return end_step(b, rc);
 }
 
@@ -1000,9 +1065,14 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     if (b->pre && !b->pre_n && !lio_index_pending(idx)) {
         free(b->pre);   /* every leaf counted: no extension needs it */
         free(b->pre_ok);
+        gaps_free(&b->pre_gaps);
         b->pre = NULL;
         b->pre_ok = NULL;
         b->pre_cap = 0;
+    }
+    if (b->pre_gaps_served) {
+        b->pre_gaps.n = b->pre_gaps.used = 0;
+        b->pre_gaps_served = 0;
     }
     b->nrecs = 0;
     b->nleaves = 0;
@@ -1078,6 +1148,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
     rc = b->nleaves ? load_leaves(b) : LIO_SUCCESS;
     b->pre_n = 0;   /* an extension's leaves serve the prepare after it
                      * only (fill still copies from them) */
+    b->pre_gaps_served = 1;
     if (rc)
         goto out;
     /* Each record's slot first, asking for its leaf's header and node
@@ -1258,18 +1329,18 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
     if (b->region)
         advise_mapped(b, nov);
     lio_plan_reset(&b->plan);
-    for (size_t j = 0, g = 0; j < nov; j++) {
+    for (size_t j = 0; j < nov; j++) {
         size_t i = (size_t)b->ov_order[2 * j + 1];
         rec *r = &b->recs[i];
         uint64_t off = b->ov_order[2 * j];
         if (j && b->ov_order[2 * (j - 1)] == off)
             continue; /* the same record twice: copied after the reads */
-        if (!r->at && b->ngaps) {   /* read already, between two leaves? */
-            while (g < b->ngaps && b->gaps[g].off + b->gaps[g].len <= off)
-                g++;
-            if (g < b->ngaps && b->gaps[g].off <= off &&
-                PAGEHDRSZ + r->vsize <= b->gaps[g].off + b->gaps[g].len - off) {
-                const uint8_t *at = b->gaps[g].at + (off - b->gaps[g].off);
+        if (!r->at) {   /* read already, between two leaves? */
+            const uint8_t *at = gap_holding(&b->gaps, off,
+                                            PAGEHDRSZ + r->vsize);
+            if (!at)
+                at = gap_holding(&b->pre_gaps, off, PAGEHDRSZ + r->vsize);
+            if (at) {
                 memcpy(b->ov_hdr + j * PAGEHDRSZ, at, PAGEHDRSZ);
                 memcpy(r->vdst, at + PAGEHDRSZ, (size_t)r->vsize);
                 continue;
