@@ -1805,7 +1805,11 @@ class Reader:
 
     # -- statistics and lifetime ----------------------------------------
     def io_stats(self):
-        """(read requests, bytes read) by this reader's I/O threads."""
+        """(read requests, bytes) that this reader's plans asked of the
+        storage, each request as planned, the holes it bridges included.
+        From the OS cache a request may take several calls and skip its
+        holes of 8 KiB or more, so the process's own counters
+        (/proc/self/io) can show more calls and fewer bytes."""
         return self._file.stats() if self._file is not None else (0, 0)
 
     def close(self):
