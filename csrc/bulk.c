@@ -103,6 +103,11 @@ struct lio_bulk {
     uint64_t advised_count;   /* bits set: all of the file's = nothing to do */
 };
 
+static void gaps_clear(gap_store *g)
+{
+    g->n = g->used = 0;
+}
+
 static void gaps_free(gap_store *g)
 {
     free(g->list);
@@ -488,7 +493,7 @@ static int load_leaves(lio_bulk *b)
     gap_store *gaps;
     int rc;
 
-    b->gaps.n = b->gaps.used = 0;
+    gaps_clear(&b->gaps);
     if (b->nleaves > b->leafbuf_pages) {
         uint8_t *nb;
         const uint8_t **np;
@@ -590,7 +595,7 @@ static int load_leaves(lio_bulk *b)
     rc = LIO_SUCCESS;
 out:
     if (rc)   /* (what a failed read left there is no value) */
-        b->gaps.n = b->gaps.used = 0;
+        gaps_clear(&b->gaps);
     free(by_page);
     free(pages);
     return rc;
@@ -866,7 +871,7 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
     if (!sorted)
         lio_sort_u64(keyed, k, 2);
     if (!at) {   /* (kept anew: so are the gaps) */
-        b->pre_gaps.n = b->pre_gaps.used = 0;
+        gaps_clear(&b->pre_gaps);
         b->pre_gaps_served = 0;
     }
     for (uint64_t j = 1; j < k; j++)
@@ -887,7 +892,7 @@ static int read_kept(lio_bulk *b, uint64_t first, uint64_t k, uint64_t at,
         lio_sort_u64(b->pre_gaps.list, b->pre_gaps.n, 3);
     return LIO_SUCCESS;
 fail:   /* (what a failed read left there is no value) */
-    b->pre_gaps.n = b->pre_gaps.used = 0;
+    gaps_clear(&b->pre_gaps);
     return rc;
 }
 
@@ -982,7 +987,7 @@ out:
     free(keyed);
     if (!keep || rc) {
         b->pre_n = 0;
-        b->pre_gaps.n = b->pre_gaps.used = 0;   /* (as the leaves) */
+        gaps_clear(&b->pre_gaps);   /* (as the leaves) */
     }
     return end_step(b, rc);
 }
@@ -1071,7 +1076,7 @@ int lio_bulk_prepare(lio_bulk *b, const int64_t *ordinals, size_t n,
         b->pre_cap = 0;
     }
     if (b->pre_gaps_served) {
-        b->pre_gaps.n = b->pre_gaps.used = 0;
+        gaps_clear(&b->pre_gaps);
         b->pre_gaps_served = 0;
     }
     b->nrecs = 0;
