@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -104,6 +105,12 @@ class Layout:
     @property
     def n_records(self):
         return int(self.first[-1])
+
+    @functools.cached_property
+    def has_overflow(self):
+        """Whether any value is on overflow pages (the tree's
+        overflow_pages; a GapStore of every step asks)."""
+        return bool((self.ovpg > 0).any())
 
     @property
     def n_leaves(self):
@@ -383,7 +390,7 @@ class GapStore:
     def __init__(self, layout, pol):
         self.ps = layout.psize
         self.max_gap = pol.max_gap
-        self.on = bool((layout.ovpg > 0).any()) and pol.max_gap > 0
+        self.on = layout.has_overflow and pol.max_gap > 0
         self.reset()
 
     def reset(self):
