@@ -94,8 +94,7 @@ struct lio_bulk {
     size_t pairs_cap;
     size_t ov_cap;
     /* cache policy (lio_bulk_set_cache) */
-    size_t region;            /* read-ahead region bytes, 0: none */
-    unsigned region_min;      /* needed leaves that make a region dense */
+    lio_readahead ra;         /* regions read ahead (region 0: none) */
     int drop;                 /* drop what was read once consumed */
     uint64_t drop_lo, drop_hi, drop_bytes; /* read since the last drop */
     uint8_t *advised;         /* one bit per region advised this pass */
@@ -197,8 +196,8 @@ static int run_plan(lio_bulk *b)
 void lio_bulk_set_cache(lio_bulk *b, size_t region, unsigned min_pages,
                         int drop)
 {
-    b->region = drop ? 0 : region;
-    b->region_min = min_pages ? min_pages : 1;
+    b->ra.region = drop ? 0 : region;
+    b->ra.min_pages = min_pages ? min_pages : 1;
     b->drop = drop;
     lio_bulk_new_pass(b);
 }
@@ -221,34 +220,28 @@ uint64_t lio_bulk_leaf_bytes(const lio_bulk *b)
  * requests, and later windows find the rest of each region cached. */
 static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
 {
-    uint64_t psize = b->env->psize;
-    size_t i = 0;
-    if (!b->region || !b->ex.advise || !n)
+    size_t at = 0;
+    uint64_t reg;
+    if (!b->ex.advise)
         return;
-    while (i < n) {
-        uint64_t reg = pages[i] * psize / b->region;
-        size_t j = i;
-        while (j < n && pages[j] * psize / b->region == reg)
-            j++;
-        if (j - i >= b->region_min) {
-            size_t byte = (size_t)(reg / 8);
-            if (byte >= b->advised_bytes) { /* regions lie inside the file */
-                size_t ncap = byte + 1 + (byte >> 1);
-                uint8_t *nb = realloc(b->advised, ncap);
-                if (!nb)
-                    return; /* advice is optional */
-                memset(nb + b->advised_bytes, 0, ncap - b->advised_bytes);
-                b->advised = nb;
-                b->advised_bytes = ncap;
-            }
-            if (!(b->advised[byte] & (1u << (reg % 8)))) {
-                b->advised[byte] |= (uint8_t)(1u << (reg % 8));
-                b->advised_count++;
-                b->ex.advise(b->ex.ctx, reg * b->region, b->region,
-                             LIO_ADVISE_WILLNEED);
-            }
+    while (lio_next_dense_region(&b->ra, b->env->psize, pages, n, &at,
+                                 &reg)) {
+        size_t byte = (size_t)(reg / 8);
+        if (byte >= b->advised_bytes) { /* regions lie inside the file */
+            size_t ncap = byte + 1 + (byte >> 1);
+            uint8_t *nb = realloc(b->advised, ncap);
+            if (!nb)
+                return; /* advice is optional */
+            memset(nb + b->advised_bytes, 0, ncap - b->advised_bytes);
+            b->advised = nb;
+            b->advised_bytes = ncap;
         }
-        i = j;
+        if (!(b->advised[byte] & (1u << (reg % 8)))) {
+            b->advised[byte] |= (uint8_t)(1u << (reg % 8));
+            b->advised_count++;
+            b->ex.advise(b->ex.ctx, reg * b->ra.region, b->ra.region,
+                         LIO_ADVISE_WILLNEED);
+        }
     }
 }
 
@@ -272,8 +265,8 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     uint64_t leaf = UINT64_MAX, *pages, per_leaf;
     size_t np = 0;
     int sorted = 1;
-    if (!b->region || !b->ex.advise || !n ||
-        b->advised_count >= (b->env->file_size + b->region - 1) / b->region)
+    if (!b->ra.region || !b->ex.advise || !n ||
+        b->advised_count >= (b->env->file_size + b->ra.region - 1) / b->ra.region)
         return; /* every region of the file asked for this pass already */
     pages = malloc(n * sizeof *pages);
     if (!pages)
@@ -342,7 +335,7 @@ static void advise_mapped(lio_bulk *b, size_t n)
     uint64_t *pages = malloc((n ? n : 1) * sizeof *pages);
     size_t np = 0;
     int runs;
-    if (b->advised_count >= (b->env->file_size + b->region - 1) / b->region) {
+    if (b->advised_count >= (b->env->file_size + b->ra.region - 1) / b->ra.region) {
         free(pages);
         return; /* every region of the file asked for this pass already */
     }
@@ -353,7 +346,7 @@ static void advise_mapped(lio_bulk *b, size_t n)
         const rec *r = &b->recs[b->ov_order[2 * j + 1]];
         uint64_t pg = b->ov_order[2 * j] / b->env->psize;
         if (!(r->at || (runs && r->ovpg &&
-                        r->vsize + PAGEHDRSZ <= b->region)) ||
+                        r->vsize + PAGEHDRSZ <= b->ra.region)) ||
             (np && pages[np - 1] == pg))
             continue;
         pages[np++] = pg;
@@ -1331,7 +1324,7 @@ int lio_bulk_fill_batches(lio_bulk *b, const size_t *ends, size_t nb,
         }
     }
     lio_sort_u64(b->ov_order, nov, 2);
-    if (b->region)
+    if (b->ra.region)
         advise_mapped(b, nov);
     lio_plan_reset(&b->plan);
     for (size_t j = 0; j < nov; j++) {

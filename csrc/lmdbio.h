@@ -392,6 +392,22 @@ int lio_plan_add_keeping_gap(lio_plan *plan, uint64_t off, uint8_t *dst,
 #define LIO_ADVISE_WILLNEED 1    /* fetch this range soon, in large reads */
 #define LIO_ADVISE_DONTNEED 2    /* this range was consumed: drop it */
 
+/* Read-ahead of dense regions: where at least min_pages of the pages a
+ * step reads lie in one aligned region of `region` bytes, the step asks
+ * for the whole region (LIO_ADVISE_WILLNEED), so that the storage reads it
+ * in a few large requests instead of a request a page.  region 0: never. */
+typedef struct lio_readahead {
+    size_t region;
+    unsigned min_pages;
+} lio_readahead;
+
+/* The next region the rule makes dense among pages[*at..n) (page numbers
+ * in ascending order, `psize` bytes each): 1 with its number (its offset
+ * over ra->region) in *reg, *at moved past its pages; 0 at the end. */
+int lio_next_dense_region(const lio_readahead *ra, uint32_t psize,
+                          const uint64_t *pages, size_t n, size_t *at,
+                          uint64_t *reg);
+
 /* Who performs a plan: the POSIX pool below, or MPI-IO from Python. */
 typedef struct lio_executor {
     void *ctx;
@@ -469,17 +485,20 @@ int lio_index_load_leaves(lio_index *idx, lio_env *env, const lio_dbrec *db,
  * 2% of the file at 4 KiB pages, and a record is a good share of its leaf. */
 #define LIO_RECMAP_PER_LEAF 8
 
+/* ra (NULL: none): the regions where a branch level is dense are asked
+ * for whole, where the file fits in half the memory (the leaves around the
+ * branch pages are read next). */
 int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
-                    lio_error *err);
+                    const lio_readahead *ra, lio_error *err);
 /* The same, reading the leaves in rounds of round_bytes (0: 8 MiB).  A
  * round is read, then counted and checked; over a file the OS cache holds,
  * a round the CPU caches keep between the two is faster (the caller knows
  * where its bytes come from: the core does not). */
 int lio_index_build_rounds(lio_index **out, lio_env *env,
                            const lio_meta *snap, const lio_dbrec *db,
-                           const lio_executor *ex, size_t round_bytes,
-                           lio_error *err);
+                           const lio_executor *ex, const lio_readahead *ra,
+                           size_t round_bytes, lio_error *err);
 /* The two steps of a build, so that ranks can share the second: the leaves
  * in key order (from the branch levels), then the record count of some of
  * them (their headers; whole leaves for DUPSORT). */
@@ -510,7 +529,7 @@ int lio_index_build_part(lio_index **out, lio_env *env, const lio_meta *snap,
  * leaf once instead of once for the index and once for its records. */
 int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
                     const lio_dbrec *db, const lio_executor *ex,
-                    lio_error *err);
+                    const lio_readahead *ra, lio_error *err);
 /* Whether some leaves of a begun index are not counted yet. */
 int lio_index_pending(const lio_index *idx);
 /* Whether the counted leaves hold ordinal `ord`. */

@@ -101,3 +101,24 @@ int lio_plan_add(lio_plan *plan, uint64_t off, uint8_t *dst, size_t len)
     size_t gap;
     return lio_plan_add_keeping_gap(plan, off, dst, len, NULL, 0, &gap);
 }
+
+int lio_next_dense_region(const lio_readahead *ra, uint32_t psize,
+                          const uint64_t *pages, size_t n, size_t *at,
+                          uint64_t *reg)
+{
+    unsigned min_pages = ra && ra->min_pages ? ra->min_pages : 1;
+    if (!ra || !ra->region)
+        *at = n;
+    while (*at < n) {
+        size_t i = *at, j = i;
+        uint64_t r = pages[i] * psize / ra->region;
+        while (j < n && pages[j] * psize / ra->region == r)
+            j++;
+        *at = j;
+        if (j - i >= min_pages) {
+            *reg = r;
+            return 1;
+        }
+    }
+    return 0;
+}

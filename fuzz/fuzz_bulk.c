@@ -118,7 +118,7 @@ static void counted_db(lio_env *env, const lio_meta *snap,
     int64_t ords[64];
     uint64_t n = db->entries, nm = 0;
     const uint64_t *m;
-    if (lio_index_begin(&idx, env, snap, db, ex, &err))
+    if (lio_index_begin(&idx, env, snap, db, ex, NULL, &err))
         return;
     if (lio_bulk_open(&b, env, snap, db, idx, ex, &err) == 0) {
         lio_bulk_set_policy(b, 4096, 3 * 4096);
@@ -172,7 +172,7 @@ static void bulk_db(lio_env *env, const lio_meta *snap, const lio_dbrec *db,
         }
     }
     counted_db(env, snap, db, ex, 1 + (size ? data[size - 1] % 63 : 0));
-    if (lio_index_build(&idx, env, snap, db, ex, &err))
+    if (lio_index_build(&idx, env, snap, db, ex, NULL, &err))
         return;
     n = idx->first[idx->nleaves];
     for (uint64_t i = 0; i < idx->nleaves; i++)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import require_lmdbio
-from lmdb_fixtures import LmdbFile, cached_pages, write_sized
+from lmdb_fixtures import LmdbFile, cached_pages, value_of, write_sized
 
 try:
     import lmdbio
@@ -304,3 +304,38 @@ def test_a_window_asks_for_the_regions_of_its_values_runs(tmp_path):
             assert not missing, (len(missing), len(pages))
     finally:
         os.close(fd)
+
+
+def test_first_start_asks_for_the_regions_dense_in_branch_pages(env_path,
+                                                                tmp_path):
+    """Long keys make branch pages that hold few children, one every few
+    leaves of an appended tree: a first start asks for the regions where
+    a branch level is dense before reading it, so that the storage reads
+    them whole rather than a request a page.  Short keys (branch pages far
+    apart) and cache="drop" ask for none.  The epoch is the same."""
+    from lmdb_fixtures import write_items
+    long_path = str(tmp_path / "long_keys")
+    items = [((b"%08d" % i) * 50, value_of(i, 300)) for i in range(12000)]
+    write_items(long_path, items)
+    size = os.path.getsize(_data(long_path))
+    regions = -(-size // (1 << 20))
+
+    def at_open(path, **kw):
+        cache = str(tmp_path / ("ic%d" % len(os.listdir(tmp_path))))
+        r = lmdbio.Reader(path, batch_size=500, lock=False,
+                          index_cache=cache, **kw)
+        with r:
+            assert not r.index_from_cache
+            asked = sum(r._file.advice_stats())
+            got = [(k, v) for b in r for k, v in zip(b.keys.tolist(),
+                                                     b.values.tolist())]
+        return asked, got
+
+    asked, got = at_open(long_path)
+    assert got == items
+    # (every region holds branch pages; the top levels' few pages none)
+    assert regions // 2 <= asked <= regions
+    asked, got = at_open(long_path, cache="drop")
+    assert asked == 0 and got == items
+    asked, got = at_open(env_path)
+    assert asked == 0 and len(got) == RECORDS

@@ -25,6 +25,7 @@ from lmdbio._core cimport *   # the C core's declarations (_core.pxd)
 # lio_index_build and lio_index_begin: a new index over a snapshot.
 ctypedef int (*_index_open)(lio_index **out, lio_env *env, const lio_meta *snap,
                             const lio_dbrec *db, const lio_executor *ex,
+                            const lio_readahead *ra,
                             lio_error *err) noexcept nogil
 
 
@@ -418,15 +419,19 @@ cdef class BulkFile:
         rounds of round_bytes, if given)."""
         cdef lio_error err
         cdef int rc
+        # the branch levels read ahead as windows are (set_cache)
+        cdef lio_readahead ra
+        ra.region = self.region if self.cache_set and not self.drop else 0
+        ra.min_pages = self.region_min
         self._drop_index()
         with nogil:
             if round_bytes:
                 rc = lio_index_build_rounds(&self.idx, self.env, &self.snap,
-                                            &self.db, &self.posix_ex,
+                                            &self.db, &self.posix_ex, &ra,
                                             round_bytes, &err)
             else:
                 rc = make(&self.idx, self.env, &self.snap, &self.db,
-                          &self.posix_ex, &err)
+                          &self.posix_ex, &ra, &err)
         if rc:
             raise _error(self.path, &err)
         self._open_bulk()

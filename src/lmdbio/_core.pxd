@@ -207,6 +207,9 @@ cdef extern from "lmdbio.h" nogil:
         void *ctx
         lio_run_fn run
         lio_advise_fn advise
+    ctypedef struct lio_readahead:
+        size_t region
+        unsigned min_pages
     ctypedef struct lio_index:
         uint64_t txnid
         uint64_t root
@@ -243,10 +246,11 @@ cdef extern from "lmdbio.h" nogil:
 
     int lio_index_build(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,
-                        lio_error *err)
+                        const lio_readahead *ra, lio_error *err)
     int lio_index_build_rounds(lio_index **out, lio_env *env,
                                const lio_meta *snap, const lio_dbrec *db,
-                               const lio_executor *ex, size_t round_bytes,
+                               const lio_executor *ex,
+                               const lio_readahead *ra, size_t round_bytes,
                                lio_error *err)
     int lio_index_leaves(lio_env *env, const lio_meta *snap,
                          const lio_dbrec *db, const lio_executor *ex,
@@ -270,7 +274,7 @@ cdef extern from "lmdbio.h" nogil:
                           uint64_t n, lio_error *err)
     int lio_index_begin(lio_index **out, lio_env *env, const lio_meta *snap,
                         const lio_dbrec *db, const lio_executor *ex,
-                        lio_error *err)
+                        const lio_readahead *ra, lio_error *err)
     int lio_index_pending(const lio_index *idx)
     int lio_index_holds(const lio_index *idx, uint64_t ord)
     const uint64_t *lio_index_built_map(const lio_index *idx, uint64_t *n)

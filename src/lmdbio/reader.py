@@ -740,9 +740,6 @@ class Reader:
         if self._parts is None:
             self._records = [self.total_records]
             self._txnids = [int(self._file.txnid)]
-            max_gap, max_read, region, region_min = self._policy
-            self._file.set_policy(max_gap, max_read)
-            self._file.set_cache(region, region_min, cache == 'drop')
         else:
             self._records = [r.total_records for r in self._parts]
             self._txnids = [t for r in self._parts for t in r._txnids]
@@ -796,6 +793,10 @@ class Reader:
                                  executor=executor))
         else:
             self._file = BulkFile(data, direct=bool(direct), threads=threads)
+        # (before the index: a first start reads its branch levels by it)
+        max_gap, max_read, region, region_min = self._policy
+        self._file.set_policy(max_gap, max_read)
+        self._file.set_cache(region, region_min, self.cache == 'drop')
         self._pin_snapshot(lock, subdir)
         try:
             self._collective(self._file.select, self.db)

@@ -334,7 +334,7 @@ static int lf_open(lfile *f)
              (unsigned long long)f->db.entries, NREC);
         return -1;
     }
-    LIO_OK(lio_index_build(&f->idx, f->env, &f->snap, &f->db, &f->ex, &err),
+    LIO_OK(lio_index_build(&f->idx, f->env, &f->snap, &f->db, &f->ex, NULL, &err),
            &err);
     for (int i = 0; i < 2; i++) {
         LIO_OK(lio_pool_lane_open(&f->lane_io[i], f->pool, &err), &err);
@@ -821,7 +821,7 @@ static int open_begun(lfile *f, lio_index **gi, lio_bulk *lanes[3])
 {
     lio_error err;
     lanes[0] = lanes[1] = lanes[2] = NULL;
-    LIO_OK(lio_index_begin(gi, f->env, &f->snap, &f->db, &f->ex, &err),
+    LIO_OK(lio_index_begin(gi, f->env, &f->snap, &f->db, &f->ex, NULL, &err),
            &err);
     if (!lio_index_pending(*gi)) {
         fail("a begun index has no leaf pending");
