@@ -655,6 +655,90 @@ def test_read_random_access(mixed_env, dup_env, data, which):
         assert [b.values[i] for i in range(len(ix))] == [items[i][1] for i in ix]
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), which=st.sampled_from(["mixed", "dup"]),
+       keys=st.booleans(), start=st.sampled_from(["cached", "begun", "part"]))
+def test_one_record_equals_read_of_one(mixed_env, dup_env, tmp_path_factory,
+                                       data, which, keys, start):
+    """Reader._record (a map-style dataset's item: bytes, no arrays)
+    returns what read([i]) holds, over every kind of index a Reader may
+    have when it is asked: cached, begun by a key-order open (counted up
+    to the record by the read), or a shard's partial one (widened)."""
+    path, db = (mixed_env, None) if which == "mixed" else (dup_env, b"d")
+    items = oracle(path, db)
+    n = len(items)
+    ix = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=40))
+    cache = str(tmp_path_factory.mktemp("ic"))
+    kw = dict(db=db, keys=keys, index_cache=cache)
+    if start == "cached":
+        with lmdbio.Reader(path, shuffle=True, **kw):
+            pass
+    elif start == "part":
+        kw.update(rank=3, world_size=4)
+    with lmdbio.Reader(path, **kw) as r, \
+            lmdbio.Reader(path, db=db, keys=keys, index_cache=False) as ref:
+        for i in ix:
+            b = ref.read([i])
+            want = (b.keys[0] if keys else None, b.values[0])
+            assert want == (items[i][0] if keys else None, items[i][1])
+            got = r._record(i)
+            assert got == want and all(type(x) is bytes for x in got if x
+                                       is not None)
+        for bad in (n, -1, 2 ** 62):
+            with pytest.raises(IndexError):
+                r._record(bad)
+
+
+def test_one_record_of_several_environments_and_direct(mixed_env, dup_env,
+                                                       tmp_path):
+    """Several environments as one Reader go through read(); direct=True
+    reads the record as read() does."""
+    items = oracle(mixed_env)
+    with lmdbio.Reader([mixed_env, mixed_env], index_cache=False) as r:
+        for i in (0, 5, len(items) - 1, len(items), 2 * len(items) - 1):
+            assert r._record(i) == items[i % len(items)]
+    base = _o_direct_base(tmp_path)
+    try:
+        path = os.path.join(base, "db")
+        shutil.copytree(mixed_env, path)
+        with lmdbio.Reader(path, direct=True, index_cache=False) as r:
+            for i in (0, 6, 13, len(items) - 1):
+                assert r._record(i) == items[i]
+    finally:
+        shutil.rmtree(base)
+
+
+def test_one_record_raises_what_read_raises(tmp_path):
+    """A damaged record's leaf raises the same error through _record as
+    through read(), and lock=False sees a writer two commits on."""
+    path = str(tmp_path / "db")
+    items = [(b"k%05d" % i, val_of(b"%d" % i, 700)) for i in range(300)]
+    write_items(path, items)
+    with lmdbio.Reader(path, index_cache=False, lock=False) as r:
+        assert r._record(7) == items[7]
+        wenv = lmdb.open(path, map_size=64 << 20)
+        for j in range(2):
+            with wenv.begin(write=True) as w:
+                w.put(b"z%05d" % j, b"new")
+        wenv.close()
+        with pytest.raises(lmdbio.SnapshotChangedError):
+            r._record(7)
+        with pytest.raises(lmdbio.SnapshotChangedError):
+            r.read([7])
+    path2 = str(tmp_path / "db2")
+    write_items(path2, items)
+    with lmdbio.Reader(path2, index_cache=False) as r:
+        leaf = r._file.index_leaves()[0]
+    patch_page_header(data_file(path2), int(leaf), OS_PAGE_SIZE, flags=0x7)
+    errors = []
+    for how in ("read", "record"):
+        with lmdbio.Reader(path2, index_cache=False) as r:
+            with pytest.raises(lmdbio.Error) as ei:
+                r.read([0]) if how == "read" else r._record(0)
+            errors.append((type(ei.value), str(ei.value)))
+    assert errors[0] == errors[1]
+
+
 def test_read_out_of_range(mixed_env):
     with lmdbio.Reader(mixed_env) as r:
         n = r.total_records

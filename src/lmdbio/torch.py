@@ -212,7 +212,15 @@ class LMDBDataset(_ReaderHolder, Dataset):
             except (TypeError, ValueError):
                 raise TypeError('index must be an int, not %s'
                                 % type(i).__name__) from None
-        return self._items(self._get_reader().read(self._ordinals([i])))[0]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError('record index out of range (%d records)' % n)
+        key, value = self._get_reader()._record(i)
+        if self.decode is not None:
+            return self.decode(value)
+        return key, value
 
     def state_dict(self):
         """A map-style dataset has no position (the sampler has): the
