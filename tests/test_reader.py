@@ -759,6 +759,28 @@ def test_read_same_overflow_value_many_times(mixed_env):
         assert b.values.tolist() == [items[i][1] for i in ix]
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_ragged_tolist_is_slicing(data):
+    """Ragged.tolist's C path (one copy an item) returns what slicing the
+    data's bytes at the offsets returns, for any arrays: offsets out of
+    order or past the data, other dtypes, strided data (the slicing path
+    answers those)."""
+    raw = data.draw(st.binary(max_size=64))
+    offs = data.draw(st.lists(st.integers(-3, len(raw) + 3), max_size=12))
+    arr = np.frombuffer(raw, dtype=np.uint8)
+    kind = data.draw(st.sampled_from(["plain", "strided", "int32", "sorted"]))
+    if kind == "sorted":
+        offs = sorted(max(0, min(o, len(raw))) for o in offs)
+    offsets = np.array(offs, dtype=np.int32 if kind == "int32" else np.int64)
+    if kind == "strided":
+        arr = np.frombuffer(raw + raw, dtype=np.uint8)[::2]
+    flat = arr.tobytes()
+    want = [flat[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+    got = lmdbio.Ragged(arr, offsets).tolist()
+    assert got == want and all(type(x) is bytes for x in got)
+
+
 def test_ragged_api(mixed_env):
     items = oracle(mixed_env)
     with lmdbio.Reader(mixed_env) as r:

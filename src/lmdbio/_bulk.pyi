@@ -8,6 +8,7 @@ from typing_extensions import Self, disjoint_base
 import numpy as np
 import numpy.typing as npt
 
+def ragged_items(data: Any, offsets: Any) -> list[bytes] | None: ...
 def aligned_bytes(n: int, phase: int = 0) -> npt.NDArray[np.uint8]: ...
 
 @disjoint_base

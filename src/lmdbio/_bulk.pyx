@@ -119,6 +119,38 @@ def aligned_bytes(size_t n, size_t phase=0):
                          count=n, offset=phase)
 
 
+def ragged_items(data, offsets):
+    """The items of a Ragged (uint8 data, int64 offsets, both contiguous)
+    as a list of bytes, one copy each: Ragged.tolist copied the data whole
+    first, then sliced it, 17 of a 64-record batch's 95 us in a map-style
+    dataset.  None where the arrays are of another kind, or an offset
+    falls outside the data or before the one ahead of it (the caller's
+    slicing then says what such offsets mean)."""
+    cdef const uint8_t[::1] d
+    cdef const int64_t[::1] o
+    cdef Py_ssize_t n, i, size
+    cdef const char *base
+    if not (isinstance(data, np.ndarray) and isinstance(offsets, np.ndarray)
+            and data.dtype == np.uint8 and offsets.dtype == np.int64
+            and data.ndim == 1 and offsets.ndim == 1
+            and data.flags.c_contiguous and offsets.flags.c_contiguous):
+        return None
+    d = data
+    o = offsets
+    n = o.shape[0] - 1
+    size = d.shape[0]
+    if n < 0:
+        return []
+    for i in range(n + 1):
+        if o[i] < 0 or o[i] > size or (i and o[i] < o[i - 1]):
+            return None
+    if size == 0:
+        return [b""] * n
+    base = <const char *>&d[0]
+    return [PyBytes_FromStringAndSize(base + o[i], o[i + 1] - o[i])
+            for i in range(n)]
+
+
 # Pipelines whose lanes may be running.  Each is stopped before the
 # process forks: no lane is then inside the C core (holding a lock, or
 # between a realloc and the store of its result) when the child's copy is

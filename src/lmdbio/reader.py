@@ -19,7 +19,7 @@ import numpy as np
 # first batch paid it; it belongs with the imports.
 import numpy.random  # noqa: F401
 
-from lmdbio._bulk import BulkFile, checksum, gather
+from lmdbio._bulk import BulkFile, checksum, gather, ragged_items
 # the rule of a first start's reads ahead of its counting (the C lanes'
 # own, which the scale model follows too)
 from lmdbio._bulk import leaves_ahead, leaves_ahead_error  # noqa: F401
@@ -94,6 +94,9 @@ class Ragged:
 
     def tolist(self):
         """The items as a list of bytes."""
+        items = ragged_items(self.data, self.offsets)
+        if items is not None:
+            return items
         data = self.data.tobytes()
         off = self.offsets.tolist()
         return [data[off[i]:off[i + 1]] for i in range(len(off) - 1)]
