@@ -261,6 +261,11 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
  * leaves. */
 void lio_page_prefetch_with_gaps(lio_env *env, const lio_meta *snap,
                                  const uint64_t *pgnos, size_t n);
+/* lio_page_prefetch without the blocks around the pages (from a device,
+ * a page is otherwise read with its aligned block, as a mapping's fault
+ * reads around itself): for pages among others nobody will want. */
+void lio_page_prefetch_alone(lio_env *env, const lio_meta *snap,
+                             const uint64_t *pgnos, size_t n);
 
 /* From the device: ask the OS to read, in the background, the blocks
  * around pages pgnos[0..n) that were not read around yet, except those

@@ -255,6 +255,20 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
     }
     /* (where a walk meets values in one-page runs, the pages between
      * leaves that a request spans are likely more of them) */
+    /* A walk over keys alone where values fill most of the file: the
+     * blocks around its leaves would be mostly values (8k keys among 553
+     * MB of values in random key order, cold: 553 MB read for 0.7 MB of
+     * leaves, 150 MB once the value runs were not read ahead); it reads
+     * the leaves alone, the next ones with the next batch.  Leaves under
+     * a fifth of the pages: a 2 MiB block costs about a hundred leaves
+     * read alone, several in flight (a third of the values in runs next
+     * to their leaves, 1.6 runs a leaf: 0.35 s with the blocks, 0.55 s
+     * without). */
+    if (cur->defer == LIO_VALUES_UNWANTED &&
+        c->db.overflow_pages > 4 * c->db.leaf_pages) {
+        lio_page_prefetch_alone(env, &cur->snap, list, m);
+        return;
+    }
     if (cur->page_values)
         lio_page_prefetch_with_gaps(env, &cur->snap, list, m);
     else
@@ -560,7 +574,7 @@ static void advise_runs(tcursor *c)
     int dir = cur->walk, blocks;
     lio_executor ex;
     if (!dir || c->subpage || env->readahead_pages < 2 ||
-        !lio_env_from_device(env))
+        cur->defer == LIO_VALUES_UNWANTED || !lio_env_from_device(env))
         return;
     pthread_mutex_lock(&env->ra_lock);
     ex = env->ex;
@@ -1535,7 +1549,7 @@ void lio_cursor_defer_values(lio_cursor *cur, int on)
     /* Under O_DIRECT reads need aligned memory, which the caller's is not:
      * there values are read as before (into the cursor's aligned buffer,
      * then copied by the caller). */
-    cur->defer = on && cur->env->align <= 1;
+    cur->defer = cur->env->align <= 1 ? on : 0;
 }
 
 int lio_cursor_value_into(lio_cursor *cur, void *dst)

@@ -223,6 +223,10 @@ int lio_cursor_get(lio_cursor *c, lio_val *key, lio_val *data,
  * Off by default; no effect under O_DIRECT (align > 1: the caller's
  * memory is not aligned), where values are read as without it. */
 void lio_cursor_defer_values(lio_cursor *c, int on);
+/* lio_cursor_defer_values(c, LIO_VALUES_UNWANTED): deferred as with 1, and
+ * the caller will likely not ask for them (a walk over keys alone): the
+ * value runs ahead are not read ahead. */
+#define LIO_VALUES_UNWANTED 2
 /* Read the value that the cursor's operations left unread last into dst
  * (its data->size bytes), the run's header in the same request, and
  * check the header.  0, or an error (lio_cursor_error); LIO_EINVAL when

@@ -741,8 +741,10 @@ static size_t with_gap_pages(uint64_t *want, size_t n)
     return m;
 }
 
+#define PREFETCH_GAPS 1    /* lio_page_prefetch_with_gaps */
+#define PREFETCH_ALONE 2   /* lio_page_prefetch_alone */
 static void prefetch(lio_env *env, const lio_meta *snap,
-                     const uint64_t *pgnos, size_t n, int keep_gaps);
+                     const uint64_t *pgnos, size_t n, int how);
 
 void lio_page_prefetch(lio_env *env, const lio_meta *snap,
                        const uint64_t *pgnos, size_t n)
@@ -753,11 +755,17 @@ void lio_page_prefetch(lio_env *env, const lio_meta *snap,
 void lio_page_prefetch_with_gaps(lio_env *env, const lio_meta *snap,
                                  const uint64_t *pgnos, size_t n)
 {
-    prefetch(env, snap, pgnos, n, 1);
+    prefetch(env, snap, pgnos, n, PREFETCH_GAPS);
+}
+
+void lio_page_prefetch_alone(lio_env *env, const lio_meta *snap,
+                             const uint64_t *pgnos, size_t n)
+{
+    prefetch(env, snap, pgnos, n, PREFETCH_ALONE);
 }
 
 static void prefetch(lio_env *env, const lio_meta *snap,
-                     const uint64_t *pgnos, size_t n, int keep_gaps)
+                     const uint64_t *pgnos, size_t n, int how)
 {
     uint64_t want[LIO_PREFETCH_MAX];
     lio_page *batch[LIO_PREFETCH_MAX];
@@ -778,7 +786,8 @@ static void prefetch(lio_env *env, const lio_meta *snap,
     pthread_mutex_lock(&env->ra_lock);
     /* (Under O_DIRECT the OS keeps nothing read into the sink: no block
      * is read around the pages wanted.) */
-    around = device && env->align <= 1 && around_map(env, snap) &&
+    around = device && !(how & PREFETCH_ALONE) && env->align <= 1 &&
+             around_map(env, snap) &&
              (env->around_sink || !posix_memalign(
                  (void **)&env->around_sink, BUF_ALIGN(env),
                  (size_t)(around_pages(env) * env->psize)));
@@ -807,7 +816,7 @@ static void prefetch(lio_env *env, const lio_meta *snap,
         memcpy(want, pgnos, n * sizeof *want);
     }
     qsort(want, n, sizeof *want, lio_cmp_u64);
-    if (keep_gaps && !around && env->align <= 1)
+    if ((how & PREFETCH_GAPS) && !around && env->align <= 1)
         n = with_gap_pages(want, n);
 
     if (!env->plan_ready) {

@@ -770,3 +770,58 @@ def test_one_page_overflow_values_read_ahead(tmp_path):
                 assert scan_to_damage(txn) == items[:30], cfg[0]
         finally:
             env.close()
+
+
+def test_keys_only_walk_reads_its_leaves_not_the_values(tmp_path):
+    """A walk over keys alone (iternext(values=False), iternext_nodup) of
+    a tree whose values fill the file (torchvision's LSUN lists its keys
+    so): as from a device, it reads its leaves, not the blocks around
+    them nor the value runs ahead, so most of the file stays out of the
+    OS cache (before: all of it came in).  The keys are py-lmdb's, and a
+    value asked for on the way is read then."""
+    import random
+    path = str(tmp_path)
+    rng = random.Random(3)
+    items = [(b"%06d" % i, bytes([i % 251]) * rng.randrange(6000, 20000))
+             for i in range(2000)]
+    order = items[:]
+    rng.shuffle(order)
+    w = lmdb.open(path, map_size=1 << 30)
+    with w.begin(write=True) as txn:
+        for k, v in order:
+            txn.put(k, v)
+    st_ = w.stat()
+    w.close()
+    assert st_["overflow_pages"] > 4 * st_["leaf_pages"]
+    fd = os.open(LmdbFile(path).path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        pages = size // 4096
+        if cached_pages(fd, 0, size) is None:
+            pytest.skip("cachestat(2) is not available to count cached pages")
+        keys = [k for k, _ in items]
+        for meth, kw, want in (("iternext", {"values": False}, keys),
+                               ("iternext_nodup", {}, keys),
+                               ("iterprev", {"values": False}, keys[::-1])):
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if cached_pages(fd, 0, size) > pages // 20:
+                pytest.skip("the OS cache kept the file (cannot evict it)")
+            env = open_sub(path, ("device", {"LMDBIO_READAHEAD_DEVICE": "1"},
+                                  {}))
+            try:
+                with env.begin() as txn:
+                    cur = txn.cursor()
+                    got = []
+                    for k in getattr(cur, meth)(**kw):
+                        got.append(k)
+                        if len(got) == 1000:   # a value on the way
+                            assert cur.value() == dict(items)[k]
+                    assert got == want
+            finally:
+                env.close()
+            time.sleep(0.5)   # (advice would have been read by now)
+            cached = cached_pages(fd, 0, size)
+            assert cached < pages // 4, (meth, cached, pages)
+    finally:
+        os.close(fd)

@@ -128,6 +128,7 @@ cdef extern from "lmdbio.h" nogil:
                         int forward)
     int lio_cursor_in_page(const lio_cursor *c, const lio_val *v)
     void lio_cursor_defer_values(lio_cursor *c, int on)
+    enum: LIO_VALUES_UNWANTED
     int lio_cursor_value_into(lio_cursor *c, void *dst)
     uint64_t lio_cursor_pending(const lio_cursor *c, uint32_t *size)
     ctypedef struct lio_value_run:
