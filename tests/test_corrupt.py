@@ -873,3 +873,35 @@ def test_fixture_bases_shape(bases):
     assert set(g.named) >= {b"plain", b"dups", b"fixed"}
     assert g.dup_trees and g.subpages
     assert [p for p in g.pages.values() if p.flags & P_LEAF2]
+
+
+def test_meta_pages_read_together_say_what_apart_said(bases, tmp_path):
+    """A transaction reads both meta pages in one request; where that
+    read fails (the file cut short after open), the error names the page
+    cut off, as reading them one at a time did; a meta page whose page
+    size differs is named as before."""
+    lmdbio = import_subject("lmdbio")
+    f = LmdbFile(bases["tree"].path)
+    for cut, page in ((f.psize + 100, 1), (100, 0)):
+        d = tmp_path / ("cut%d" % cut)
+        shutil.copytree(bases["tree"].path, d)
+        env = lmdbio.open(str(d), readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                assert txn.stat()["entries"] == f.meta.main_db.entries
+            truncate(dfile(d), cut)
+            with pytest.raises(lmdbio.Error,
+                               match="meta page %d is past the end of the "
+                                     "file" % page):
+                env.begin()
+        finally:
+            env.close()
+    d = tmp_path / "psize"
+    shutil.copytree(bases["tree"].path, d)
+    env = lmdbio.open(str(d), readonly=True, lock=False)
+    try:
+        patch(dfile(d), f.psize + MM_PSIZE, "<I", 2 * f.psize)
+        with pytest.raises(lmdbio.Error, match="meta page 1: page size"):
+            env.begin()
+    finally:
+        env.close()
