@@ -40,16 +40,23 @@ static int read_metas_apart(lio_env *env, lio_meta metas[2], lio_error *err)
 
 /* Both structs in one read: every transaction begins here, and two reads
  * of 152 bytes were most of a new transaction's cost (1.5 us against
- * py-lmdb's 0.3, which reads them from its mapping).  A read that fails
- * is made again page by page, for the error. */
+ * py-lmdb's 0.3, which reads them from its mapping).  Only a whole read
+ * of bytes the file is known to hold counts; anything else (a file cut
+ * short since, an error) is read again page by page, from the same state,
+ * for the same result and error as before. */
 static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
 {
     uint8_t small[4096 + META_END], *data = small;
     size_t span = (size_t)env->psize + META_END;
+    int64_t (*read)(void *, uint64_t, void *, size_t) =
+        env->src.read_cached ? env->src.read_cached
+                             : env->align <= 1 ? env->src.read : NULL;
     int rc = LIO_SUCCESS;
+    if (!read || span > env->file_size)
+        return read_metas_apart(env, metas, err);
     if (span > sizeof small && !(data = malloc(span)))
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-    if (lio_read_small(env, 0, span, data, 0, err)) {
+    if (read(env->src.ctx, 0, data, span) != (int64_t)span) {
         rc = read_metas_apart(env, metas, err);
         goto out;
     }
