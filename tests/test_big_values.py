@@ -452,6 +452,43 @@ def test_a_dropped_value_object_takes_the_next_value(tmp_path):
         env.close()
 
 
+def test_a_transactions_gets_take_back_the_objects_of_the_one_before(tmp_path):
+    """A transaction per get (torchvision's LSUN reads each item so): the
+    object of a value the program let go of in an ended transaction takes
+    the next transaction's value; one it kept is never touched, and a
+    closed environment keeps none."""
+    import tracemalloc
+    path = str(tmp_path)
+    mib = 1 << 20
+    items = make(path, [mib + 50000, mib + 46000, mib + 46000, mib + 40000])
+    env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+    db = env.open_db(b"t")
+    tracemalloc.start(1)
+    try:
+        with env.begin(db=db) as txn:
+            a = txn.get(items[0][0]); line_a = _line()  # noqa: E702
+            assert a == items[0][1]
+        del a
+        with env.begin(db=db) as txn:
+            b = txn.get(items[1][0]); line_b = _line()  # noqa: E702
+        assert b == items[1][1] and line_b != line_a
+        assert tracemalloc.get_object_traceback(b)[0].lineno == line_a
+        with env.begin(db=db) as txn:   # b kept: new memory
+            c = txn.get(items[2][0]); line_c = _line()  # noqa: E702
+        assert c == items[2][1] and b == items[1][1]
+        assert tracemalloc.get_object_traceback(c)[0].lineno == line_c
+        del c
+        env.close()
+        env = lmdbio.open(path, readonly=True, lock=False, max_dbs=4)
+        with env.begin(db=env.open_db(b"t")) as txn:
+            d = txn.get(items[3][0]); line_d = _line()  # noqa: E702
+        assert d == items[3][1]
+        assert tracemalloc.get_object_traceback(d)[0].lineno == line_d
+    finally:
+        tracemalloc.stop()
+        env.close()
+
+
 def test_a_walks_batches_take_back_the_objects_of_the_batch_before(tmp_path):
     """A forward walk reads values of 150 KiB six a request; once the
     program has let go of a batch, the next batch's values land in its

@@ -606,6 +606,10 @@ cdef class Environment:
     # names one committed meta page, so begin() need not re-read it.
     cdef bint _snap_ok
     cdef lio_meta _snap_cache
+    # The value objects of an ended transaction's gets, for the next one's:
+    # a transaction per get (torchvision's LSUN) otherwise put every value
+    # in fresh memory (70 KB values: 20 us a get against 12 in one).
+    cdef _Values _spare_values
     cdef object _args         # (args, kwargs) of the constructor, for pickling
     cdef object __weakref__
 
@@ -840,6 +844,7 @@ cdef class Environment:
             return
         self._closed = True
         self._gen += 1
+        self._spare_values = None
         self._free_handles()
         if self._dbs is not None:
             self._dbs.clear()
@@ -1610,6 +1615,9 @@ cdef class Transaction:
         self._valid = False
         self._pending = None
         self._cursors = None
+        if LIO_REUSE_BYTES and self._values is not None and \
+                self.env._spare_values is None and not self.env._closed:
+            self.env._spare_values = self._values
         self._values = None
         if self._scratch != NULL:
             lio_cursor_close(self._scratch)
@@ -1753,7 +1761,10 @@ cdef class Transaction:
                                    lio_cursor_error(self._scratch))
         if dv.data == NULL and dv.size:
             if self._values is None:
-                self._values = _Values()
+                self._values = self.env._spare_values
+                self.env._spare_values = None
+                if self._values is None:
+                    self._values = _Values()
             v = _value_into(self._scratch, dv.size, self._values, self,
                             'mdb_get')
         else:
