@@ -266,7 +266,8 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     size_t np = 0;
     int sorted = 1;
     if (!b->ra.region || !b->ex.advise || !n ||
-        b->advised_count >= (b->env->file_size + b->ra.region - 1) / b->ra.region)
+        b->advised_count >=
+            (b->env->file_size + b->ra.region - 1) / b->ra.region)
         return; /* every region of the file asked for this pass already */
     pages = malloc(n * sizeof *pages);
     if (!pages)
@@ -335,7 +336,8 @@ static void advise_mapped(lio_bulk *b, size_t n)
     uint64_t *pages = malloc((n ? n : 1) * sizeof *pages);
     size_t np = 0;
     int runs;
-    if (b->advised_count >= (b->env->file_size + b->ra.region - 1) / b->ra.region) {
+    if (b->advised_count >=
+            (b->env->file_size + b->ra.region - 1) / b->ra.region) {
         free(pages);
         return; /* every region of the file asked for this pass already */
     }

@@ -253,8 +253,6 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
         more = i < pg_numkeys(parent);
         m = children_from(parent, &i, &more, dir, k, list);
     }
-    /* (where a walk meets values in one-page runs, the pages between
-     * leaves that a request spans are likely more of them) */
     /* A walk over keys alone where values fill most of the file: the
      * blocks around its leaves would be mostly values (8k keys among 553
      * MB of values in random key order, cold: 553 MB read for 0.7 MB of
@@ -269,6 +267,8 @@ static void tree_prefetch(tcursor *c, unsigned level, uint64_t pgno, int dir)
         lio_page_prefetch_alone(env, &cur->snap, list, m);
         return;
     }
+    /* (where a walk meets values in one-page runs, the pages between
+     * leaves that a request spans are likely more of them) */
     if (cur->page_values)
         lio_page_prefetch_with_gaps(env, &cur->snap, list, m);
     else

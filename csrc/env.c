@@ -48,15 +48,15 @@ static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
 {
     uint8_t small[4096 + META_END], *data = small;
     size_t span = (size_t)env->psize + META_END;
-    int64_t (*read)(void *, uint64_t, void *, size_t) =
+    int64_t (*read_fn)(void *, uint64_t, void *, size_t) =
         env->src.read_cached ? env->src.read_cached
                              : env->align <= 1 ? env->src.read : NULL;
     int rc = LIO_SUCCESS;
-    if (!read || span > env->file_size)
+    if (!read_fn || span > env->file_size)
         return read_metas_apart(env, metas, err);
     if (span > sizeof small && !(data = malloc(span)))
         return lio_fail(err, LIO_ENOMEM, LIO_NO_PAGE, "out of memory");
-    if (read(env->src.ctx, 0, data, span) != (int64_t)span) {
+    if (read_fn(env->src.ctx, 0, data, span) != (int64_t)span) {
         rc = read_metas_apart(env, metas, err);
         goto out;
     }
