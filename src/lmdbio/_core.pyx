@@ -1983,7 +1983,8 @@ cdef class Cursor:
         """_get for a walk over keys alone: the values ahead are not read
         ahead (a keys-only walk of 8k records among 553 MB of values read
         the whole file, cold)."""
-        lio_cursor_defer_values(self._c, LIO_VALUES_UNWANTED)
+        if self._c != NULL:
+            lio_cursor_defer_values(self._c, LIO_VALUES_UNWANTED)
         try:
             return self._get(op)
         finally:
