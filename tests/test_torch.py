@@ -77,6 +77,13 @@ def test_map_style_items(db):
     dd = LMDBDataset(path, decode=ld.decode_one)
     arr, label = dd[17]
     assert label == 17 and np.array_equal(arr, imgs[17])
+    # a DataLoader's whole batch (__getitems__): any order, repeats, and
+    # indices from the end, as ds[i] one at a time
+    for ix in ([5, 0, N - 1, 5], [-1, 3, -N], [N - 1], []):
+        assert ds.__getitems__(ix) == [ds[i] for i in ix]
+    for bad in ([N], [0, -N - 1], [2 ** 62]):
+        with pytest.raises(IndexError):
+            ds.__getitems__(bad)
     ds.close()
 
 

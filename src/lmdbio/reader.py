@@ -19,7 +19,8 @@ import numpy as np
 # first batch paid it; it belongs with the imports.
 import numpy.random  # noqa: F401
 
-from lmdbio._bulk import BulkFile, checksum, gather, ragged_items
+from lmdbio._bulk import (BulkFile, checksum, gather, ordinal_bounds,
+                          ragged_items)
 # the rule of a first start's reads ahead of its counting (the C lanes'
 # own, which the scale model follows too)
 from lmdbio._bulk import leaves_ahead, leaves_ahead_error  # noqa: F401
@@ -1178,14 +1179,27 @@ class Reader:
         collective step of every rank (MPI-IO, node sharing, staggering)."""
         self._live_file()
         ordinals = np.array(ordinals, dtype=np.int64)  # the Batch's own
+        check = self._env is None and self._coll is None
+        newest = None
         with self._io_lock:
             try:
-                kdata, koff, vdata, voff = self._live_file().read(
-                    ordinals, self.keys_wanted, independent=True)
+                f = self._live_file()
+                if self._parts is None:
+                    # (the snapshot's check reads the meta pages in the
+                    # same step, without the GIL)
+                    got = f.read_window(ordinals, (len(ordinals),),
+                                        self.keys_wanted, independent=True,
+                                        newest=check)
+                    kdata, koff, vdata, voff = got[0][0]
+                    if check:
+                        newest = got[2]
+                else:
+                    kdata, koff, vdata, voff = f.read(
+                        ordinals, self.keys_wanted, independent=True)
             except (CorruptedError, PageNotFoundError) as e:
                 raise self._snapshot_changed(e) from e
-            if self._env is None and self._coll is None:
-                self._check_snapshot()
+            if check:
+                self._check_snapshot(newest)
         keys = Ragged(kdata, koff) if kdata is not None else None
         return Batch(ordinals, keys, Ragged(vdata, voff))
 
@@ -1419,9 +1433,9 @@ class Reader:
         """A :class:`Batch` of the records at the ordinals ``indices``, in
         that order (random access; independent of the epoch and shard, and
         not collective even under MPI)."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         if len(indices):
-            least, most = int(indices.min()), int(indices.max())
+            least, most = ordinal_bounds(indices)
             if least < 0 or most >= self.total_records:
                 raise IndexError('record ordinal out of range (%d records)'
                                  % self.total_records)

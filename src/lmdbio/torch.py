@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from lmdbio._bulk import ordinal_bounds
 from lmdbio._state import check_state
 
 try:
@@ -191,9 +192,14 @@ class LMDBDataset(_ReaderHolder, Dataset):
 
     def _ordinals(self, indices):
         n = len(self)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        idx = np.where(idx < 0, idx + n, idx)
-        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if not len(idx):
+            return idx
+        least, most = ordinal_bounds(idx)
+        if least < 0:   # from the end
+            idx = np.where(idx < 0, idx + n, idx)
+            least, most = ordinal_bounds(idx)
+        if least < 0 or most >= n:
             raise IndexError('record index out of range (%d records)' % n)
         return idx
 
