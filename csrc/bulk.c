@@ -245,6 +245,14 @@ static void advise_regions(lio_bulk *b, const uint64_t *pages, size_t n)
     }
 }
 
+/* Every region of the file asked for this pass already: no advice left
+ * to give. */
+static int all_advised(const lio_bulk *b)
+{
+    return b->advised_count >=
+           (b->env->file_size + b->ra.region - 1) / b->ra.region;
+}
+
 /* The leaf an even spread of the records not counted yet puts record
  * `ord` in (total <= ord < entries; leaves counted..tree_leaves-1 left). */
 static uint64_t spread_leaf(const lio_bulk *b, uint64_t counted,
@@ -265,10 +273,8 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
     uint64_t leaf = UINT64_MAX, *pages, per_leaf;
     size_t np = 0;
     int sorted = 1;
-    if (!b->ra.region || !b->ex.advise || !n ||
-        b->advised_count >=
-            (b->env->file_size + b->ra.region - 1) / b->ra.region)
-        return; /* every region of the file asked for this pass already */
+    if (!b->ra.region || !b->ex.advise || !n || all_advised(b))
+        return;
     pages = malloc(n * sizeof *pages);
     if (!pages)
         return; /* advice is optional */
@@ -333,17 +339,14 @@ void lio_bulk_advise(lio_bulk *b, const int64_t *ordinals, size_t n)
  * KB in random key order, key order: 0.53x py-lmdb's walk before). */
 static void advise_mapped(lio_bulk *b, size_t n)
 {
-    uint64_t *pages = malloc((n ? n : 1) * sizeof *pages);
+    uint64_t *pages;
     size_t np = 0;
     int runs;
-    if (b->advised_count >=
-            (b->env->file_size + b->ra.region - 1) / b->ra.region) {
-        free(pages);
-        return; /* every region of the file asked for this pass already */
-    }
-    runs = lio_env_fits_memory(b->env, &b->snap);
-    if (!pages)
+    if (all_advised(b))
+        return;
+    if (!(pages = malloc((n ? n : 1) * sizeof *pages)))
         return; /* advice is optional */
+    runs = lio_env_fits_memory(b->env, &b->snap);
     for (size_t j = 0; j < n; j++) {
         const rec *r = &b->recs[b->ov_order[2 * j + 1]];
         uint64_t pg = b->ov_order[2 * j] / b->env->psize;

@@ -11,6 +11,19 @@
 
 #include "core.h"
 
+/* Meta page i's struct from its first META_END bytes, which must give
+ * the environment's page size. */
+static int parse_meta(const lio_env *env, const uint8_t *data, int i,
+                      lio_meta *out, lio_error *err)
+{
+    int rc = lio_parse_meta(data, META_END, i, out, err);
+    if (rc == LIO_SUCCESS && out->psize != env->psize)
+        rc = lio_fail(err, LIO_INVALID, i,
+                      "meta page %d: page size %u differs from meta page "
+                      "0's %u", i, out->psize, env->psize);
+    return rc;
+}
+
 /* The meta pages' structs one at a time: each read's failure names its
  * page. */
 static int read_metas_apart(lio_env *env, lio_meta metas[2], lio_error *err)
@@ -27,13 +40,8 @@ static int read_metas_apart(lio_env *env, lio_meta metas[2], lio_error *err)
                               i, (unsigned long long)env->file_size);
             return rc;
         }
-        rc = lio_parse_meta(data, META_END, i, &metas[i], err);
-        if (rc)
+        if ((rc = parse_meta(env, data, i, &metas[i], err)))
             return rc;
-        if (metas[i].psize != env->psize)
-            return lio_fail(err, LIO_INVALID, i,
-                            "meta page %d: page size %u differs from meta "
-                            "page 0's %u", i, metas[i].psize, env->psize);
     }
     return LIO_SUCCESS;
 }
@@ -60,14 +68,9 @@ static int read_metas(lio_env *env, lio_meta metas[2], lio_error *err)
         rc = read_metas_apart(env, metas, err);
         goto out;
     }
-    for (int i = 0; i < 2 && rc == LIO_SUCCESS; i++) {
-        rc = lio_parse_meta(data + (size_t)i * env->psize, META_END, i,
-                            &metas[i], err);
-        if (rc == LIO_SUCCESS && metas[i].psize != env->psize)
-            rc = lio_fail(err, LIO_INVALID, i,
-                          "meta page %d: page size %u differs from meta "
-                          "page 0's %u", i, metas[i].psize, env->psize);
-    }
+    for (int i = 0; i < 2 && rc == LIO_SUCCESS; i++)
+        rc = parse_meta(env, data + (size_t)i * env->psize, i, &metas[i],
+                        err);
 out:
     if (data != small)
         free(data);

@@ -1179,29 +1179,35 @@ class Reader:
         collective step of every rank (MPI-IO, node sharing, staggering)."""
         self._live_file()
         ordinals = np.array(ordinals, dtype=np.int64)  # the Batch's own
+
+        def read(f, newest):
+            if self._parts is not None:
+                return f.read(ordinals, self.keys_wanted,
+                              independent=True), None
+            got = f.read_window(ordinals, (len(ordinals),), self.keys_wanted,
+                                independent=True, newest=newest)
+            return got[0][0], (got[2] if newest else None)
+
+        kdata, koff, vdata, voff = self._checked_read(read)
+        keys = Ragged(kdata, koff) if kdata is not None else None
+        return Batch(ordinals, keys, Ragged(vdata, voff))
+
+    def _checked_read(self, read):
+        """read(file, newest) -> (what it read, the newest txnid read after
+        it when `newest`, else None), under lane 0's lock.  A damaged page
+        met without a reader slot while a writer committed past the
+        snapshot raises SnapshotChangedError; lock=False checks the
+        snapshot after the read (with the txnid read in the same step,
+        without the GIL)."""
         check = self._env is None and self._coll is None
-        newest = None
         with self._io_lock:
             try:
-                f = self._live_file()
-                if self._parts is None:
-                    # (the snapshot's check reads the meta pages in the
-                    # same step, without the GIL)
-                    got = f.read_window(ordinals, (len(ordinals),),
-                                        self.keys_wanted, independent=True,
-                                        newest=check)
-                    kdata, koff, vdata, voff = got[0][0]
-                    if check:
-                        newest = got[2]
-                else:
-                    kdata, koff, vdata, voff = f.read(
-                        ordinals, self.keys_wanted, independent=True)
+                result, newest = read(self._live_file(), check)
             except (CorruptedError, PageNotFoundError) as e:
                 raise self._snapshot_changed(e) from e
             if check:
                 self._check_snapshot(newest)
-        keys = Ragged(kdata, koff) if kdata is not None else None
-        return Batch(ordinals, keys, Ragged(vdata, voff))
+        return result
 
     def _check_snapshot(self, newest=None):
         """lock=False: after each batch, the newest txnid must be at most
@@ -1459,15 +1465,13 @@ class Reader:
             return (b.keys[0] if b.keys is not None else None), b.values[0]
         self._index_all(ordinal, ordinal)
         self._random_access()
-        with self._io_lock:
-            try:
-                key, value, newest = self._live_file().read_record(
-                    ordinal, self.keys_wanted, self._env is None)
-            except (CorruptedError, PageNotFoundError) as e:
-                raise self._snapshot_changed(e) from e
-            if self._env is None:
-                self._check_snapshot(newest)
-        return key, value
+
+        def read(f, newest):
+            key, value, txnid = f.read_record(ordinal, self.keys_wanted,
+                                              newest)
+            return (key, value), (txnid if newest else None)
+
+        return self._checked_read(read)
 
     def __iter__(self):
         if self._file is None:
